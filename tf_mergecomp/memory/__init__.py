@@ -1,0 +1,39 @@
+"""Error-feedback memories, found by name.
+
+A memory is a pure function of tensors: the engine owns the state (one
+``tf.Variable`` per gradient tensor and state name, so that it checkpoints
+with the model and does not depend on the partition) and hands each group's
+slice of it in and out as flat buffers:
+
+    compensated, state = memory.compensate(flat_grad, state)
+    ... compress and communicate ``compensated`` ...
+    state = memory.update(compensated, sent, state)
+
+``state`` maps each name in ``memory.state_names`` to a flat float32 buffer of
+the group's length; ``sent`` is this worker's own payload, decoded.
+"""
+
+from tf_mergecomp.memory.base import Memory, NoMemory
+from tf_mergecomp.memory.dgc import DGCMemory
+from tf_mergecomp.memory.momentum import MomentumMemory
+from tf_mergecomp.memory.residual import ResidualMemory
+
+_REGISTRY = {
+    "none": NoMemory,
+    "residual": ResidualMemory,
+    "dgc": DGCMemory,
+    "momentum": MomentumMemory,
+}
+
+NAMES = tuple(_REGISTRY)
+
+
+def get(name, **params):
+    if isinstance(name, Memory):
+        return name
+    if name not in _REGISTRY:
+        raise ValueError("unknown memory %r; valid choices: %s" % (name, ", ".join(NAMES)))
+    return _REGISTRY[name](**params)
+
+
+__all__ = ["Memory", "NAMES", "get"]

@@ -1,0 +1,28 @@
+"""Momentum before compression, as SIGNUM uses it.
+
+Algorithm (Bernstein et al., 2018, "signSGD: Compressed Optimisation for
+Non-Convex Problems", SIGNUM): m <- beta * m + (1 - beta) * g, and the codec
+compresses m (its sign) instead of g. Nothing is fed back from the payload.
+
+State: ``momentum`` m, one float32 per gradient element.
+"""
+
+from tf_mergecomp.memory.base import Memory
+
+
+class MomentumMemory(Memory):
+    name = "momentum"
+    state_names = ("momentum",)
+
+    def __init__(self, beta=0.9):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+            raise ValueError("momentum beta must be a number in [0, 1), got %r" % (beta,))
+        self.beta = float(beta)
+
+    @property
+    def params(self):
+        return {"beta": self.beta}
+
+    def compensate(self, grad, state):
+        m = self.beta * state["momentum"] + (1.0 - self.beta) * grad
+        return m, {"momentum": m}
