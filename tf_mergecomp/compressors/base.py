@@ -65,6 +65,10 @@ class Compressor:
         """The constructor parameters, for fingerprints and saved search results."""
         return {}
 
+    def default_memory_params(self):
+        """Parameters for ``default_memory`` (e.g. SIGNUM's beta)."""
+        return {}
+
     def compress(self, flat, seed):
         """flat: 1-D float32; seed: int64 scalar. Returns (payload, ctx)."""
         raise NotImplementedError
