@@ -1,0 +1,49 @@
+"""One Horovod collective per call, named identically on every rank, and counted.
+
+The engine hands each codec a communicator; codecs never import Horovod, so
+they can be tested with a simulated one.
+"""
+
+import tensorflow as tf
+
+
+class HorovodCommunicator:
+    """Runs collectives on a Horovod process set.
+
+    ``counter`` (an int64 tf.Variable) is incremented once per collective that
+    actually executes, so tests and benchmarks can check the number of
+    collectives per step.
+    """
+
+    def __init__(self, process_set=None, counter=None, name_prefix="mergecomp"):
+        import horovod.tensorflow as hvd
+
+        self._hvd = hvd
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+        self.size = self.process_set.size()
+        self.rank = self.process_set.rank()
+        self._counter = counter
+        self._prefix = name_prefix
+
+    def _name(self, key):
+        parts = key if isinstance(key, tuple) else (key,)
+        return ".".join([self._prefix] + [str(p) for p in parts])
+
+    def _counted(self, result):
+        # The increment waits for the collective but nothing waits for the
+        # increment (tf.function runs stateful ops anyway), so counting adds
+        # no dependency between groups.
+        if self._counter is not None:
+            with tf.control_dependencies([result]):
+                self._counter.assign_add(1)
+        return result
+
+    def allreduce_mean(self, tensor, key):
+        result = self._hvd.allreduce(
+            tensor, op=self._hvd.Average, name=self._name(key), process_set=self.process_set
+        )
+        return self._counted(result)
+
+    def allgather(self, tensor, key):
+        result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
+        return self._counted(result)

@@ -1,0 +1,105 @@
+"""Partitions of the gradient list into contiguous groups, and (un)flattening.
+
+Tensors are indexed in backprop order (the order their gradients become
+ready: for Keras models, the reverse of ``trainable_variables``). A partition
+of N tensors is a sorted tuple of split indices in (0, N): group g holds
+tensors ``order[bounds[g]:bounds[g + 1]]`` with bounds = (0, *splits, N).
+``()`` is one group (the whole model); ``(1, ..., N - 1)`` is layer-wise.
+"""
+
+import numbers
+
+import tensorflow as tf
+
+LAYERWISE = "layerwise"
+
+
+def check_partition_spec(spec):
+    """Validates what users may pass as ``partitions`` before N is known."""
+    if spec is None or spec == LAYERWISE:
+        return spec
+    if isinstance(spec, bool):
+        raise ValueError(_spec_error(spec))
+    if isinstance(spec, numbers.Integral):
+        if spec < 1:
+            raise ValueError("partitions must be >= 1 groups, got %d" % spec)
+        return int(spec)
+    if isinstance(spec, (list, tuple)):
+        if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in spec):
+            raise ValueError("split indices must be integers, got %r" % (spec,))
+        splits = tuple(int(s) for s in spec)
+        if any(b <= a for a, b in zip(splits, splits[1:])) or any(s < 1 for s in splits):
+            raise ValueError(
+                "split indices must be strictly increasing integers >= 1, got %r" % (spec,)
+            )
+        return splits
+    raise ValueError(_spec_error(spec))
+
+
+def _spec_error(spec):
+    return (
+        "partitions must be an int number of groups (>= 1), a list of split indices, "
+        "%r, or None; got %r" % (LAYERWISE, spec)
+    )
+
+
+def resolve_splits(spec, sizes):
+    """The split tuple that ``spec`` means for tensors of these element counts."""
+    spec = check_partition_spec(spec)
+    n = len(sizes)
+    if spec is None:
+        return balanced_splits(sizes, min(2, max(n, 1)))
+    if spec == LAYERWISE:
+        return tuple(range(1, n))
+    if isinstance(spec, int):
+        if spec > max(n, 1):
+            raise ValueError("partitions=%d asks for more groups than the %d gradient tensors" % (spec, n))
+        return balanced_splits(sizes, spec)
+    if spec and spec[-1] >= n:
+        raise ValueError(
+            "split indices must be < the number of gradient tensors (%d), got %r" % (n, spec)
+        )
+    return spec
+
+
+def balanced_splits(sizes, groups):
+    """Splits into ``groups`` contiguous non-empty groups of about equal bytes.
+
+    Each cut goes at the tensor boundary nearest to an equal share of the
+    cumulative size, moved where needed to keep every group non-empty.
+    """
+    n = len(sizes)
+    if groups <= 1 or n <= 1:
+        return ()
+    groups = min(groups, n)
+    cumulative = [0]
+    for size in sizes:
+        cumulative.append(cumulative[-1] + size)
+    total = cumulative[-1]
+    splits = []
+    for g in range(1, groups):
+        target = total * g / groups
+        best = min(range(1, n), key=lambda i: (abs(cumulative[i] - target), i))
+        low = splits[-1] + 1 if splits else 1
+        high = n - (groups - g)
+        splits.append(min(max(best, low), high))
+    return tuple(splits)
+
+
+def group_bounds(splits, n):
+    """[(start, end), ...] for each group."""
+    bounds = (0,) + tuple(splits) + (n,)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def flatten(tensors, dtype=tf.float32):
+    """Concatenates tensors into one flat buffer of ``dtype``."""
+    flats = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors]
+    return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
+
+
+def unflatten(flat, shapes, dtypes):
+    """Inverse of ``flatten``: splits and reshapes, casting back to each dtype."""
+    sizes = [shape.num_elements() for shape in shapes]
+    parts = [flat] if len(sizes) == 1 else tf.split(flat, sizes)
+    return [tf.cast(tf.reshape(p, shape), dtype) for p, shape, dtype in zip(parts, shapes, dtypes)]
