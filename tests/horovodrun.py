@@ -1,0 +1,56 @@
+"""Runs a script under ``horovodrun --gloo`` on this machine, for multi-worker tests.
+
+Every rank's output is captured; a rank that fails, or a run that exceeds its
+timeout, fails the test with all the output. Ranks print result lines as
+``RESULT <json>``, which ``run()`` returns per rank.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+_RANK_LINE = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+
+
+def horovodrun_path():
+    candidate = Path(sys.executable).with_name("horovodrun")
+    return str(candidate) if candidate.exists() else "horovodrun"
+
+
+def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None):
+    """Runs tests/workers/<script> on ``np`` ranks; returns {rank: [result dicts]}, output."""
+    command = [horovodrun_path(), "-np", str(np), "--gloo", sys.executable,
+               str(WORKERS / script)] + [str(a) for a in args]
+    full_env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+                    PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    try:
+        done = subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail("horovodrun %s timed out after %ss:\n%s" % (script, timeout, output[-8000:]))
+    output = done.stdout + done.stderr
+    if expect_failure:
+        if done.returncode == 0:
+            pytest.fail("horovodrun %s was expected to fail but exited 0:\n%s" % (script, output[-8000:]))
+    elif done.returncode != 0:
+        pytest.fail("horovodrun %s exited %d:\n%s" % (script, done.returncode, output[-12000:]))
+    results = {rank: [] for rank in range(np)}
+    for line in output.splitlines():
+        match = _RANK_LINE.match(line)
+        if match and match.group(3).startswith("RESULT "):
+            results[int(match.group(1))].append(json.loads(match.group(3)[len("RESULT "):]))
+    return results, output
+
+
+def report(**values):
+    """Called in a worker: prints one result line for the test to read."""
+    print("RESULT " + json.dumps(values), flush=True)

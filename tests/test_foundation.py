@@ -1,0 +1,43 @@
+"""The stack: op library loading, and real multi-worker Horovod over Gloo."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import horovodrun
+from tf_mergecomp import _ops
+
+
+def test_op_library_loads_once_and_matches_tensorflow():
+    library = _ops.load()
+    assert _ops.load() is library
+    assert _ops.build_info()["tensorflow_version"] == tf.__version__
+
+
+def test_an_op_computes_the_right_thing():
+    # fp16 encode is the simplest real op: it must equal a float16 cast.
+    ops = _ops.load()
+    x = tf.constant([0.0, 1.5, -2.25, 65504.0, 1e-8], tf.float32)
+    encoded = ops.mergecomp_fp16_encode(x)
+    np.testing.assert_array_equal(encoded.numpy(), x.numpy().astype(np.float16))
+
+
+def test_missing_library_error_says_how_to_rebuild(monkeypatch, tmp_path):
+    monkeypatch.setattr(_ops, "_PACKAGE_DIR", str(tmp_path))
+    with pytest.raises(_ops.OpLibraryError, match="make build"):
+        _ops.library_path()
+
+
+def test_stale_library_error_names_both_versions(monkeypatch):
+    monkeypatch.setattr(_ops, "_library", None)
+    monkeypatch.setattr(_ops, "build_info", lambda: {"tensorflow_version": "0.0.1"})
+    with pytest.raises(_ops.OpLibraryError, match=r"0\.0\.1.*%s" % tf.__version__.replace(".", r"\.")):
+        _ops.load()
+
+
+def test_two_workers_allreduce_a_known_tensor():
+    results, _ = horovodrun.run("allreduce_smoke.py", np=2, timeout=120)
+    for rank in (0, 1):
+        (result,) = results[rank]
+        assert result["size"] == 2
+        assert result["summed"] == [3.0] * 5
