@@ -29,7 +29,7 @@ $(VENV)/.stamp-python:
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	touch $@
 
-$(VENV)/.stamp-stack: $(VENV)/.stamp-python
+$(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile
 	$(PIP) install --quiet "$(TF_PACKAGE)" "numpy<2" pytest scikit-learn
 	@command -v cmake >/dev/null || { echo "cmake (< 4) is required to build Horovod: apt-get install cmake"; exit 1; }
 	$(HOROVOD_ENV) $(PIP) install --no-build-isolation "horovod==$(HOROVOD_VERSION)"
