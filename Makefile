@@ -30,7 +30,7 @@ $(VENV)/.stamp-python:
 	touch $@
 
 $(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile
-	$(PIP) install --quiet "$(TF_PACKAGE)" "numpy<2" pytest scikit-learn
+	$(PIP) install --quiet "$(TF_PACKAGE)" "numpy<2" pytest scikit-learn matplotlib
 	@command -v cmake >/dev/null || { echo "cmake (< 4) is required to build Horovod: apt-get install cmake"; exit 1; }
 	$(HOROVOD_ENV) $(PIP) install --no-build-isolation "horovod==$(HOROVOD_VERSION)"
 	$(VENV)/bin/horovodrun --check-build

@@ -1,0 +1,125 @@
+"""python -m tf_mergecomp.bench {ops,cluster,parity} [options]; see --help of each."""
+
+import argparse
+import json
+import os
+import sys
+
+
+def _csv(convert):
+    def parse(text):
+        try:
+            return [convert(part.strip()) for part in text.split(",") if part.strip()]
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    return parse
+
+
+def _algorithms(text):
+    from tf_mergecomp.compressors import NAMES
+
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            "unknown algorithm(s) %s; valid choices: %s" % (", ".join(unknown), ", ".join(NAMES)))
+    return names
+
+
+def _sizes(text):
+    from tf_mergecomp.bench.ops import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def build_parser():
+    from tf_mergecomp.bench import cluster, models
+    from tf_mergecomp.compressors import NAMES
+
+    parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ops = commands.add_parser("ops", help="encode/decode GB/s of the custom ops vs plain TF")
+    ops.add_argument("--sizes", type=_sizes, default=[10_000, 1_000_000, 25_000_000],
+                     help="comma-separated element counts (default 1e4,1e6,25e6)")
+    ops.add_argument("--algorithms", type=_algorithms, default=list(NAMES),
+                     help="comma-separated; default: all of %s" % ",".join(NAMES))
+    ops.add_argument("--budget", type=float, default=10.0,
+                     help="seconds at most per timed measurement (default 10)")
+    ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
+
+    clus = commands.add_parser("cluster", help="virtual cluster of network namespaces (root)")
+    clus.add_argument("--workers", type=_csv(int), default=[2, 4])
+    clus.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
+    clus.add_argument("--models", type=_csv(str), default=list(models.MODELS))
+    clus.add_argument("--algorithms", type=_algorithms, default=list(cluster.DEFAULT_ALGORITHMS))
+    clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
+    clus.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps (tracing) per config")
+    clus.add_argument("--search-steps", type=int, default=30,
+                      help="steps the partition search may use before measuring")
+    clus.add_argument("--batch-size", type=int, default=32)
+    clus.add_argument("--timeout", type=float, default=None,
+                      help="seconds per cluster run (default: from config count and model)")
+    clus.add_argument("--quick", action="store_true",
+                      help="transformer, 2 workers, efsignsgd and topk, 5 steps (< 10 min)")
+    clus.add_argument("--out", default="bench_results/cluster")
+
+    parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
+    parity.add_argument("--algorithms", type=_algorithms, default=[n for n in NAMES if n != "none"])
+    parity.add_argument("--epochs", type=int, default=8)
+    parity.add_argument("--np", type=int, default=2, dest="num_proc")
+    parity.add_argument("--timeout", type=float, default=1500.0)
+    parity.add_argument("--out", default="bench_results/parity")
+    return parser
+
+
+def apply_quick(args):
+    from tf_mergecomp.bench import cluster
+
+    if args.quick:
+        args.models = list(cluster.QUICK["models"])
+        args.workers = list(cluster.QUICK["workers"])
+        args.algorithms = list(cluster.QUICK["algorithms"])
+        args.steps = cluster.QUICK["steps"]
+        args.warmup_steps = cluster.QUICK["warmup_steps"]
+        args.search_steps = cluster.QUICK["search_steps"]
+    return args
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.command == "ops":
+        from tf_mergecomp.bench import ops
+
+        result = ops.run(args.sizes, args.algorithms, budget_s=args.budget)
+        text = ops.table(result)
+        print(text)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "ops.md"), "w") as f:
+                f.write(text + "\n")
+            with open(os.path.join(args.out, "ops.json"), "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return 0
+    if args.command == "cluster":
+        from tf_mergecomp.bench import cluster
+
+        try:
+            cluster.check_args(apply_quick(args))
+        except ValueError as error:
+            print("error: %s" % error, file=sys.stderr)
+            return 2
+        print(cluster.run(args))
+        print("\nwritten: %s/cluster.{md,json,png}" % args.out)
+        return 0
+    from tf_mergecomp.bench import parity
+
+    print(parity.run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

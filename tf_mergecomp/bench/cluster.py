@@ -1,0 +1,327 @@
+"""The virtual-cluster benchmark: images/s of each compression config on W workers.
+
+For every model: a 1-worker run (Horovod fp32; the scaling baseline), then for
+every worker count W a run of all configs on W namespaces joined by
+tc-shaped links (``netns.VirtualCluster``), ranks started by
+``launcher.run_ranks``, each rank a ``worker.py`` process running the configs
+in sequence.
+
+Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
+(``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
+(``partitions="layerwise"``), one group (``partitions=1``) and the partition
+searched during warmup (``MergeCompCallback``; partitions=2 while that
+callback is not available, reported in the notes).
+
+Throughput = W x batch / median over measured steps of the slowest rank's
+step time. Scaling factor = W-worker throughput / (W x 1-worker fp32
+throughput). All ranks share this machine's cores, so per-rank compute time
+(plain local step, measured while the other ranks do the same) is reported
+next to it: where it grows with W the cluster is CPU-bound, not network-bound.
+"""
+
+import json
+import os
+import signal
+import time
+
+from tf_mergecomp.bench import launcher, models, netns, report
+
+PARTITION_MODES = ("layerwise", "one", "searched")
+DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
+                      "onebit", "signum", "terngrad", "powersgd")
+QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
+         "steps": 5, "warmup_steps": 2, "search_steps": 10}
+
+
+def plan_configs(algorithms, modes=PARTITION_MODES):
+    configs = [
+        {"label": "horovod fp32", "kind": "horovod", "compression": "none"},
+        {"label": "horovod fp16", "kind": "horovod", "compression": "fp16"},
+    ]
+    for algorithm in algorithms:
+        for mode in modes:
+            configs.append({"label": "%s %s" % (algorithm, mode), "kind": "mergecomp",
+                            "algorithm": algorithm, "partition": mode})
+    return configs
+
+
+def algorithm_available(name):
+    """(bool, reason): whether the compressor's module imports."""
+    from tf_mergecomp import compressors
+
+    try:
+        compressors.compressor_class(name)
+    except (ImportError, AttributeError) as error:
+        return False, "%s: %s" % (type(error).__name__, error)
+    return True, ""
+
+
+def _time_budget_s(num_configs, steps, warmup_steps, search_steps, model):
+    # Generous: tracing a Keras model with per-tensor compression takes tens of
+    # seconds on a contended 2-core machine; ResNet50/VGG16 steps take seconds.
+    per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
+    per_config = 150 + per_step * (steps + warmup_steps + search_steps)
+    return 180 + num_configs * per_config
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupted("signal %d" % signum)
+
+
+def run_group(model, workers, configs, args, out_dir):
+    """One cluster of `workers` ranks running `configs`; returns the ranks' outputs."""
+    tag = "%s%d" % (model[0], workers)
+    run_dir = os.path.join(out_dir, "runs", "%s_w%d" % (model, workers))
+    os.makedirs(run_dir, exist_ok=True)
+    timeout_s = args.timeout or _time_budget_s(
+        len(configs), args.steps, args.warmup_steps, args.search_steps, model)
+    spec = {
+        "model": model,
+        "batch_size": args.batch_size,
+        "warmup_steps": args.warmup_steps,
+        "steps": args.steps,
+        "search_steps": args.search_steps,
+        "compute_steps": 3,
+        "deadline": time.time() + timeout_s - 15,
+        "result_path": os.path.join(run_dir, "rank{rank}.json"),
+        "configs": configs,
+    }
+    spec_path = os.path.join(run_dir, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    error = None
+    started = time.time()
+    with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster:
+        try:
+            launcher.run_ranks(cluster, ["-m", "tf_mergecomp.bench.worker", spec_path],
+                               os.path.join(run_dir, "logs"), timeout_s)
+        except launcher.RankFailure as failure:
+            error = str(failure)
+    outputs = []
+    for rank in range(workers):
+        path = spec["result_path"].format(rank=rank)
+        if os.path.exists(path):
+            with open(path) as f:
+                outputs.append(json.load(f))
+    return {"model": model, "workers": workers, "error": error, "wall_s": time.time() - started,
+            "ranks": outputs}
+
+
+def summarize(group):
+    """Per-config throughput and timing over the ranks of one run."""
+    ranks = group["ranks"]
+    workers = group["workers"]
+    rows = []
+    if not ranks:
+        return rows
+    by_label = {}
+    for output in ranks:
+        for result in output["results"]:
+            by_label.setdefault(result["label"], []).append(result)
+    batch = None
+    for label, results in by_label.items():
+        config = results[0]["config"]
+        row = {"label": label, "config": config, "model": group["model"], "workers": workers}
+        failed = [r for r in results if not r.get("ok")]
+        if failed or len(results) != workers:
+            row["error"] = failed[0].get("error") if failed else "missing ranks"
+            rows.append(row)
+            continue
+        # Step i ends when the slowest rank finishes it.
+        slowest = [max(steps) for steps in zip(*(r["step_times_s"] for r in results))]
+        row["step_s"] = report.median(slowest)
+        row["steps"] = len(slowest)
+        row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
+        row["first_steps_s"] = max(r["first_steps_s"] for r in results)
+        for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
+                    "search_result"):
+            if key in results[0]:
+                row[key] = results[0][key]
+        row["note"] = results[0].get("note", "")
+        rows.append(row)
+    batch = group.get("batch_size")
+    for row in rows:
+        if row.get("step_s"):
+            row["images_per_s"] = workers * batch / row["step_s"]
+    return rows
+
+
+def _partition_text(row):
+    if row["config"]["kind"] != "mergecomp" or row.get("num_groups") is None:
+        return "-"
+    splits = row.get("splits") or []
+    if row["config"]["partition"] == "layerwise":
+        return "layer-wise (%d)" % row["num_groups"]
+    if len(splits) <= 4:
+        return "%d groups %s" % (row["num_groups"], list(splits))
+    return "%d groups" % row["num_groups"]
+
+
+def tables(summary):
+    """Markdown: one table per (model, workers)."""
+    parts = []
+    single = {s["model"]: s for s in summary["single"]}
+    for group in summary["groups"]:
+        model, workers = group["model"], group["workers"]
+        one = single.get(model, {}).get("images_per_s")
+        compute = group.get("compute_step_s") or []
+        parts.append("### %s, %d workers, %s links\n" % (model, workers, summary["bandwidth"]))
+        parts.append("1-worker Horovod fp32: %s images/s (compute step %s s). Per-rank local compute "
+                     "step in this run: %s s.\n" % (
+                         report.fmt(one), report.fmt(single.get(model, {}).get("compute_step_s")),
+                         ", ".join(report.fmt(c) for c in compute) or "-"))
+        layerwise = {r["config"].get("algorithm"): r.get("images_per_s")
+                     for r in group["rows"] if r["config"].get("partition") == "layerwise"}
+        rows = []
+        for row in group["rows"]:
+            speedup = None
+            if row["config"]["kind"] == "mergecomp" and row["config"]["partition"] != "layerwise":
+                speedup = report.ratio(row.get("images_per_s"), layerwise.get(row["config"]["algorithm"]))
+            rows.append([
+                row["label"],
+                row.get("images_per_s"),
+                report.ratio(row.get("images_per_s"), workers * one if one else None),
+                speedup,
+                _partition_text(row),
+                row.get("step_s"),
+                row.get("cpu_util"),
+                row.get("error") or row.get("note") or "",
+            ])
+        parts.append(report.markdown_table(
+            ["config", "images/s", "scaling factor", "speedup vs layer-wise", "partition",
+             "step s (median)", "CPU util/rank", "notes"], rows))
+        parts.append("")
+    for line in summary.get("notes", []):
+        parts.append("- " + line)
+    return "\n".join(parts)
+
+
+def chart(summary, path):
+    """Bar chart per (model, workers): layer-wise vs one group vs MergeComp per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [g for g in summary["groups"] if g["rows"]]
+    if not groups:
+        return None
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 3.6 * len(groups)), squeeze=False)
+    for ax, group in zip(axes[:, 0], groups):
+        rows = group["rows"]
+        algorithms = []
+        for row in rows:
+            algorithm = row["config"].get("algorithm")
+            if algorithm and algorithm not in algorithms:
+                algorithms.append(algorithm)
+        width = 0.27
+        for offset, (mode, colour) in enumerate(
+                (("layerwise", "tab:gray"), ("one", "tab:orange"), ("searched", "tab:blue"))):
+            values = []
+            for algorithm in algorithms:
+                match = [r for r in rows if r["config"].get("algorithm") == algorithm
+                         and r["config"].get("partition") == mode]
+                values.append(match[0].get("images_per_s") or 0 if match else 0)
+            label = {"layerwise": "layer-wise", "one": "one group", "searched": "MergeComp"}[mode]
+            ax.bar([i + (offset - 1) * width for i in range(len(algorithms))], values, width,
+                   label=label, color=colour)
+        for label, style in (("horovod fp32", "--"), ("horovod fp16", ":")):
+            match = [r for r in rows if r["label"] == label and r.get("images_per_s")]
+            if match:
+                ax.axhline(match[0]["images_per_s"], color="black", linestyle=style,
+                           label="Horovod " + label.split()[1])
+        ax.set_xticks(range(len(algorithms)))
+        ax.set_xticklabels(algorithms)
+        ax.set_ylabel("images/s")
+        ax.set_title("%s, %d workers, %s links" % (group["model"], group["workers"],
+                                                  summary["bandwidth"]))
+        ax.legend(fontsize=8, ncol=5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(args):
+    ok, reason = netns.available()
+    if not ok:
+        raise SystemExit("the cluster benchmark needs network namespaces: %s" % reason)
+    removed = netns.cleanup_stale()
+    out_dir = args.out
+    os.makedirs(out_dir, exist_ok=True)
+    notes = []
+    if removed:
+        notes.append("removed stale namespaces/links of dead runs: %s" % ", ".join(removed))
+    algorithms = []
+    for algorithm in args.algorithms:
+        available, why = algorithm_available(algorithm)
+        if available:
+            algorithms.append(algorithm)
+        else:
+            notes.append("skipped %s: its compressor module is not there yet (%s)" % (algorithm, why))
+    configs = plan_configs(algorithms)
+    summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
+               "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
+               "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for model in args.models:
+            print("[cluster] %s: 1 worker, Horovod fp32" % model, flush=True)
+            single = run_group(model, 1, configs[:1], args, out_dir)
+            single["batch_size"] = args.batch_size
+            rows = summarize(single)
+            entry = {"model": model, "error": single["error"], "images_per_s": None,
+                     "compute_step_s": single["ranks"][0]["compute_step_s"] if single["ranks"] else None}
+            if rows and rows[0].get("images_per_s"):
+                entry["images_per_s"] = rows[0]["images_per_s"]
+            summary["single"].append(entry)
+            for workers in args.workers:
+                print("[cluster] %s: %d workers, %d configs" % (model, workers, len(configs)), flush=True)
+                group = run_group(model, workers, configs, args, out_dir)
+                group["batch_size"] = args.batch_size
+                rows = summarize(group)
+                summary["groups"].append({
+                    "model": model, "workers": workers, "error": group["error"],
+                    "wall_s": group["wall_s"], "rows": rows,
+                    "compute_step_s": [r["compute_step_s"] for r in group["ranks"]],
+                    "gradient_tensors": group["ranks"][0]["gradient_tensors"] if group["ranks"] else None,
+                })
+                if group["error"]:
+                    notes.append("%s with %d workers: %s" % (model, workers, group["error"]))
+                _write(summary, out_dir)
+    except (KeyboardInterrupt, _Interrupted) as interrupt:
+        notes.append("interrupted (%s); results so far are kept" % (interrupt or "Ctrl-C"))
+        _write(summary, out_dir)
+        raise
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        netns.cleanup_stale()
+    return _write(summary, out_dir)
+
+
+def _write(summary, out_dir):
+    with open(os.path.join(out_dir, "cluster.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    text = tables(summary)
+    with open(os.path.join(out_dir, "cluster.md"), "w") as f:
+        f.write(text + "\n")
+    try:
+        chart(summary, os.path.join(out_dir, "cluster.png"))
+    except ImportError as error:
+        summary["notes"].append("no chart: %s" % error)
+    return text
+
+
+def check_args(args):
+    for model in args.models:
+        models.check_model(model)
+    for workers in args.workers:
+        if workers < 2:
+            raise ValueError("--workers are the multi-worker counts (>= 2); 1 worker always runs")
+    netns.check_rate(args.bandwidth)
+    return args

@@ -1,0 +1,202 @@
+"""The codec benchmark: encode and decode throughput of the custom ops vs plain TF.
+
+For each algorithm and size n, both backends (``compressors.get(name,
+backend="op")`` and ``backend="reference"``) are timed on the same float32
+input, each call a ``tf.function``:
+
+- encode: ``compress(flat, seed)`` -> the payload;
+- decode: ``combine(payload, ctx, world_size=1)``, the engine's decode path
+  (for allgather codecs a one-worker batch; for allreduce codecs the
+  already-averaged payload).
+
+Throughput is input float32 bytes (4n) / seconds: median of repeats after
+warmup calls, at most ``budget_s`` per measurement. The physical limit is the
+machine's copy bandwidth in the same run (``numpy.copyto`` of a 25M float32
+array: 100 MB read + 100 MB written, reported as 100 MB / seconds, so the same
+units). Targets (issue 3), at n = 25M:
+elementwise codecs (fp16, signsgd, signum, onebit, efsignsgd, terngrad,
+qsgd): op >= 10x reference and >= 0.5x copy bandwidth; topk and dgc at
+ratio 0.01: op encode >= 5x faster than ``tf.math.top_k`` of |x|.
+"""
+
+import statistics
+import time
+
+import numpy as np
+
+ELEMENTWISE = ("fp16", "signsgd", "signum", "onebit", "efsignsgd", "terngrad", "qsgd")
+SELECTION = ("topk", "dgc")
+TARGET_SIZE = 25_000_000
+ELEMENTWISE_REFERENCE_RATIO = 10.0
+ELEMENTWISE_COPY_FRACTION = 0.5
+SELECTION_TOPK_RATIO = 5.0
+
+
+def parse_sizes(text):
+    """'1e4,1e6,25e6' -> [10000, 1000000, 25000000]; sizes are integers >= 1."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError("sizes must be numbers like 1e4,1e6,25e6, got %r" % part) from None
+        if value < 1 or value != int(value) or value > 2e9:
+            raise ValueError("each size must be an integer in [1, 2e9], got %r" % part)
+        sizes.append(int(value))
+    return sizes
+
+
+def time_call(fn, warmup=2, repeats=7, budget_s=10.0):
+    """Median seconds of fn() over up to `repeats` calls within about budget_s."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < repeats:
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        if time.perf_counter() > deadline and len(times) >= 1:
+            break
+    return statistics.median(times)
+
+
+def copy_bandwidth(n=TARGET_SIZE, repeats=7):
+    """Bytes per second of numpy copying a float32 array of n (input bytes / s)."""
+    source = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    target = np.empty_like(source)
+    seconds = time_call(lambda: np.copyto(target, source), warmup=2, repeats=repeats, budget_s=5.0)
+    return source.nbytes / seconds
+
+
+def topk_baseline_seconds(flat, ratio=0.01, budget_s=20.0):
+    import tensorflow as tf
+
+    k = max(1, int(np.ceil(ratio * int(flat.shape[0]))))
+    topk = tf.function(lambda x: tf.math.top_k(tf.abs(x), k=k, sorted=False))
+    return time_call(lambda: topk(flat), warmup=1, repeats=5, budget_s=budget_s)
+
+
+def measure_codec(name, backend, flat, budget_s=10.0):
+    """{'encode_s', 'decode_s'} or {'error'} for one codec/backend on `flat`."""
+    import tensorflow as tf
+
+    from tf_mergecomp import compressors
+
+    try:
+        codec = compressors.get(name, backend=backend)
+    except (ImportError, AttributeError) as error:
+        return {"error": "not available (%s)" % type(error).__name__, "missing": True}
+    except Exception as error:  # the op library missing or broken shows up here
+        return {"error": "%s: %s" % (type(error).__name__, error)}
+    seed = tf.constant(12345, tf.int64)
+    try:
+        encode = tf.function(lambda x, s: codec.compress(x, s)[0])
+        # ctx of one eager call; its tensors are captured by the decode function.
+        payload, ctx = codec.compress(flat, seed)
+        decode = tf.function(lambda p: codec.combine(p, ctx, 1))
+        encode_s = time_call(lambda: encode(flat, seed), budget_s=budget_s)
+        decode_s = time_call(lambda: decode(payload), budget_s=budget_s)
+    except Exception as error:
+        return {"error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:120])}
+    return {"encode_s": encode_s, "decode_s": decode_s,
+            "payload_bytes": int(payload.shape[0]) * payload.dtype.size}
+
+
+def run(sizes, algorithms, budget_s=10.0, log=print):
+    """Returns a result dict: copy bandwidth, per-(algorithm, size) measurements, baselines."""
+    import tensorflow as tf
+
+    started = time.time()
+    result = {"copy_bytes_per_s": copy_bandwidth(), "rows": [], "topk_baseline_s": {},
+              "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                          "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}}
+    log("[ops] copy bandwidth %.2f GB/s" % (result["copy_bytes_per_s"] / 1e9))
+    for n in sizes:
+        flat = tf.random.stateless_normal([n], seed=[1, 2], dtype=tf.float32)
+        if n >= TARGET_SIZE and any(a in SELECTION for a in algorithms):
+            result["topk_baseline_s"][n] = topk_baseline_seconds(flat)
+            log("[ops] n=%d tf.math.top_k(ratio 0.01): %.4f s" % (n, result["topk_baseline_s"][n]))
+        for name in algorithms:
+            row = {"algorithm": name, "n": n}
+            for backend in ("op", "reference"):
+                row[backend] = measure_codec(name, backend, flat, budget_s=budget_s)
+            log("[ops] n=%d %s: %s" % (n, name, _short(row)))
+            result["rows"].append(row)
+    result["seconds"] = time.time() - started
+    return result
+
+
+def _short(row):
+    parts = []
+    for backend in ("op", "reference"):
+        m = row[backend]
+        if "error" in m:
+            parts.append("%s %s" % (backend, m["error"]))
+        else:
+            parts.append("%s enc %.4fs dec %.4fs" % (backend, m["encode_s"], m["decode_s"]))
+    return "; ".join(parts)
+
+
+def _gbps(n, seconds):
+    return None if seconds is None else 4.0 * n / seconds / 1e9
+
+
+def target_status(row, copy_bytes_per_s, topk_baseline_s):
+    """'met', 'missed (...)' or '' when no target applies to this row."""
+    name, n = row["algorithm"], row["n"]
+    op, ref = row["op"], row["reference"]
+    if n < TARGET_SIZE or "error" in op:
+        return ""
+    if name in ELEMENTWISE:
+        misses = []
+        for phase in ("encode", "decode"):
+            seconds = op[phase + "_s"]
+            if "error" not in ref and ref[phase + "_s"] / seconds < ELEMENTWISE_REFERENCE_RATIO:
+                misses.append("%s %.1fx ref" % (phase, ref[phase + "_s"] / seconds))
+            fraction = 4.0 * n / seconds / copy_bytes_per_s
+            if fraction < ELEMENTWISE_COPY_FRACTION:
+                misses.append("%s %.2fx copy" % (phase, fraction))
+        return "met" if not misses else "missed (%s)" % ", ".join(misses)
+    if name in SELECTION and topk_baseline_s:
+        speedup = topk_baseline_s / op["encode_s"]
+        if speedup >= SELECTION_TOPK_RATIO:
+            return "met (%.1fx top_k)" % speedup
+        return "missed (%.1fx top_k)" % speedup
+    return ""
+
+
+def table(result):
+    from tf_mergecomp.bench import report
+
+    copy = result["copy_bytes_per_s"]
+    rows = []
+    for row in result["rows"]:
+        op, ref = row["op"], row["reference"]
+        if op.get("missing"):
+            rows.append([row["algorithm"], "%.0e" % row["n"]] + ["-"] * 8 + ["module not there yet"])
+            continue
+        op_enc = _gbps(row["n"], op.get("encode_s"))
+        op_dec = _gbps(row["n"], op.get("decode_s"))
+        ref_enc = _gbps(row["n"], ref.get("encode_s"))
+        ref_dec = _gbps(row["n"], ref.get("decode_s"))
+        note = target_status(row, copy, result["topk_baseline_s"].get(row["n"]))
+        errors = ["%s: %s" % (b, row[b]["error"]) for b in ("op", "reference") if "error" in row[b]]
+        rows.append([
+            row["algorithm"], "%.0e" % row["n"],
+            op_enc, ref_enc, report.ratio(op_enc, ref_enc),
+            op_dec, ref_dec, report.ratio(op_dec, ref_dec),
+            report.ratio(op_enc * 1e9 if op_enc else None, copy),
+            report.ratio(op_dec * 1e9 if op_dec else None, copy),
+            "; ".join([note] + errors if note else errors),
+        ])
+    header = ("Copy bandwidth (numpy copy of 25M float32): %.2f GB/s. GB/s = input float32 bytes / "
+              "second; median of repeats; TF threads intra %s / inter %s (0 = all cores).\n"
+              % (copy / 1e9, result["threads"]["intra_op"], result["threads"]["inter_op"]))
+    for n, seconds in sorted(result["topk_baseline_s"].items()):
+        header += "tf.math.top_k(|x|, k=0.01 n) at n=%d: %.4f s (%.2f GB/s).\n" % (
+            n, seconds, 4.0 * n / seconds / 1e9)
+    return header + "\n" + report.markdown_table(
+        ["algorithm", "n", "op enc GB/s", "ref enc GB/s", "enc op/ref", "op dec GB/s",
+         "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "target"], rows)

@@ -1,0 +1,213 @@
+"""Accuracy parity: a small CNN on scikit-learn's digits, 2 workers, every codec.
+
+    python -m tf_mergecomp.bench parity [--algorithms ...] [--epochs 8]
+
+Runs ``horovodrun -np 2 --gloo`` on this machine (loopback); each rank trains
+on its half of the training split (80% of the 1,797 images, split with a fixed
+seed), batch 32 per worker, a fixed number of epochs, the same initial weights
+for every config (seeded, then broadcast from rank 0). Configs: Horovod fp32,
+and for each algorithm MergeComp layer-wise and MergeComp with the searched
+partition (``MergeCompCallback`` during the first epoch; partitions=2 when that
+callback is not available). Reports the final test accuracy on the 360 test
+images and whether both ranks ended with identical weights.
+
+Optimizer: plain SGD (DGC's memory carries the momentum), learning rate 0.1
+x workers, except the majority-vote codecs (signsgd, signum), whose update
+is a sign per coordinate: 0.002 x workers.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SIGN_CODECS = ("signsgd", "signum")
+LEARNING_RATE = 0.1
+SIGN_LEARNING_RATE = 0.002
+SEED = 42
+
+
+def learning_rate(algorithm):
+    return SIGN_LEARNING_RATE if algorithm in SIGN_CODECS else LEARNING_RATE
+
+
+def plan_configs(algorithms):
+    configs = [{"label": "horovod fp32", "kind": "horovod", "compression": "none"}]
+    for algorithm in algorithms:
+        for mode in ("layerwise", "searched"):
+            configs.append({"label": "%s %s" % (algorithm, mode), "kind": "mergecomp",
+                            "algorithm": algorithm, "partition": mode})
+    return configs
+
+
+def _load_data(rank, size):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.images / 16.0).astype("float32")[..., None]
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
+    return (x_train[rank::size], y_train[rank::size]), (x_test, y_test)
+
+
+def _build_model(tf):
+    return tf.keras.Sequential([
+        tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu", input_shape=(8, 8, 1)),
+        tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling2D(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+
+
+def _train_one(config, spec, data, hvd, hvd_tf, tf):
+    from tf_mergecomp.bench.worker import build_compression
+
+    (x_train, y_train), (x_test, y_test) = data
+    tf.keras.utils.set_random_seed(SEED)
+    model = _build_model(tf)
+    compression, search_callback_class, _, note = build_compression(config)
+    rate = learning_rate(config.get("algorithm")) * hvd.size()
+    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(rate), compression=compression)
+    model.compile(optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    callbacks = []
+    if search_callback_class is not None:
+        callbacks.append(search_callback_class(compression, **spec.get("search_params", {})))
+    started = time.perf_counter()
+    model.fit(x_train, y_train, batch_size=32, epochs=spec["epochs"], shuffle=True,
+              callbacks=callbacks, verbose=0)
+    seconds = time.perf_counter() - started
+    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    checksum = tf.add_n([tf.reduce_sum(tf.abs(tf.cast(v, tf.float64))) for v in model.variables])
+    checksums = hvd_tf.allgather(tf.reshape(checksum, [1])).numpy().tolist()
+    result = {"label": config["label"], "config": config, "ok": True, "accuracy": float(accuracy),
+              "train_s": seconds, "ranks_identical": len(set(checksums)) == 1,
+              "learning_rate": rate, "note": note}
+    if config["kind"] == "mergecomp":
+        result["splits"] = list(compression.splits) if compression.splits is not None else None
+        result["num_groups"] = compression.num_groups
+    return result
+
+
+def worker_main(spec_path):
+    """One rank under horovodrun: trains every config in turn."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    hvd.init()
+    data = _load_data(hvd.rank(), hvd.size())
+    results = []
+    for config in spec["configs"]:
+        try:
+            results.append(_train_one(config, spec, data, hvd, hvd_tf, tf))
+        except Exception as error:  # recorded; the same error happens on every rank
+            results.append({"label": config["label"], "config": config, "ok": False,
+                            "error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:200])})
+        if hvd.rank() == 0:
+            with open(spec["result_path"], "w") as f:
+                json.dump({"size": hvd.size(), "results": results}, f, indent=1)
+            print("[parity] %s: %s" % (config["label"], _brief(results[-1])), flush=True)
+    return 0
+
+
+def _brief(result):
+    if not result.get("ok"):
+        return "error " + result["error"]
+    return "accuracy %.4f in %.1f s" % (result["accuracy"], result["train_s"])
+
+
+def table(output, epochs):
+    from tf_mergecomp.bench import report
+
+    results = output.get("results", [])
+    by_label = {r["label"]: r for r in results}
+    fp32 = by_label.get("horovod fp32", {}).get("accuracy")
+    algorithms = []
+    for r in results:
+        algorithm = r["config"].get("algorithm")
+        if algorithm and algorithm not in algorithms:
+            algorithms.append(algorithm)
+    rows = [["horovod fp32", fp32, "-", "-", "-", "-",
+             "yes" if by_label.get("horovod fp32", {}).get("ranks_identical") else "NO"]]
+    for algorithm in algorithms:
+        layerwise = by_label.get("%s layerwise" % algorithm, {})
+        searched = by_label.get("%s searched" % algorithm, {})
+        notes = [r.get("error") or r.get("note") for r in (layerwise, searched)]
+        identical = all(r.get("ranks_identical") for r in (layerwise, searched) if r.get("ok"))
+        partition = ("%d groups %s" % (searched["num_groups"], searched["splits"])
+                     if searched.get("num_groups") else "-")
+        rows.append([algorithm, layerwise.get("accuracy"), searched.get("accuracy"),
+                     report.ratio(searched.get("accuracy"), fp32), partition,
+                     "; ".join(n for n in notes if n) or "", "yes" if identical else "NO"])
+    header = ("Digits CNN, %d workers, %d epochs, batch 32 per worker, plain SGD "
+              "(lr %g x W; %g x W for %s); test accuracy on 360 images.\n\n"
+              % (output.get("size", 2), epochs, LEARNING_RATE, SIGN_LEARNING_RATE, "/".join(SIGN_CODECS)))
+    return header + report.markdown_table(
+        ["config", "layer-wise acc", "MergeComp acc", "MergeComp / fp32", "MergeComp partition",
+         "notes", "ranks identical"], rows)
+
+
+def run(args):
+    from tf_mergecomp.bench.cluster import algorithm_available
+
+    os.makedirs(args.out, exist_ok=True)
+    notes, algorithms = [], []
+    for algorithm in args.algorithms:
+        available, why = algorithm_available(algorithm)
+        (algorithms.append(algorithm) if available else
+         notes.append("skipped %s: compressor module not there yet (%s)" % (algorithm, why)))
+    spec = {"epochs": args.epochs, "configs": plan_configs(algorithms),
+            "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
+            "search_params": {}}
+    spec_path = os.path.join(args.out, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    command = [horovodrun, "-np", str(args.num_proc), "--gloo", sys.executable, "-m",
+               "tf_mergecomp.bench.parity", "--worker", os.path.abspath(spec_path)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+    log_path = os.path.join(args.out, "horovodrun.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   cwd=_REPO_ROOT, start_new_session=True)
+        try:
+            code = process.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+            notes.append("timed out after %.0f s; results so far shown" % args.timeout)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+    if code not in (0, None):
+        notes.append("horovodrun exited %s; see %s" % (code, log_path))
+    try:
+        with open(spec["result_path"]) as f:
+            output = json.load(f)
+    except (OSError, ValueError):
+        output = {"results": []}
+    text = table(output, args.epochs) + "".join("\n- " + n for n in notes)
+    with open(os.path.join(args.out, "parity.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(worker_main(sys.argv[2]))
+    print("usage: python -m tf_mergecomp.bench.parity --worker SPEC.json "
+          "(or python -m tf_mergecomp.bench parity)", file=sys.stderr)
+    sys.exit(2)

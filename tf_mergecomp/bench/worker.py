@@ -1,0 +1,223 @@
+"""One Horovod rank of the cluster benchmark: runs several configs in sequence.
+
+Started by ``cluster.py`` inside a worker's network namespace with Horovod's
+Gloo environment already set::
+
+    python -m tf_mergecomp.bench.worker SPEC.json
+
+SPEC holds the model, batch size, warmup and measured step counts, a deadline
+(Unix time), the configs to run and where to write this rank's result JSON.
+Importing TensorFlow and building the model costs tens of seconds, so one
+process runs every config of one (model, worker count): the same model, a new
+optimizer and compression per config.
+
+Per config the rank records the wall time of each measured step (between
+consecutive ``on_train_batch_end`` calls after the warmup steps, which include
+tracing) and the process CPU time over them. Before the configs it measures
+its plain local compute step time (no Horovod) while the other ranks do the
+same, which shows how much the ranks slow each other down on a shared CPU.
+"""
+
+import json
+import os
+import sys
+import time
+import traceback
+
+COMPRESSION_KINDS = ("horovod", "mergecomp")
+MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
+
+
+class DeadlineExceeded(RuntimeError):
+    pass
+
+
+def _configure_threads():
+    import tensorflow as tf
+
+    threads = int(os.environ.get("MERGECOMP_BENCH_TF_THREADS", "1"))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def _make_step_timer():
+    import tensorflow as tf
+
+    class StepTimer(tf.keras.callbacks.Callback):
+        """Wall and CPU clock at the end of every training batch."""
+
+        def __init__(self, deadline):
+            super().__init__()
+            self.deadline = deadline
+            self.wall = []
+            self.cpu = []
+
+        def on_train_begin(self, logs=None):
+            self.wall.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.wall.append(time.perf_counter())
+            self.cpu.append(time.process_time())
+            if time.time() > self.deadline:
+                raise DeadlineExceeded("deadline passed during training")
+
+    return StepTimer
+
+
+def _searched_partition_support():
+    """(callback class or None, note)."""
+    try:
+        from tf_mergecomp.callback import MergeCompCallback  # noqa: F401
+    except ImportError as error:
+        return None, "MergeCompCallback not available (%s): partitions=2 used instead" % error
+    return MergeCompCallback, "searched by MergeCompCallback"
+
+
+def build_compression(config):
+    """Returns (compression for hvd.DistributedOptimizer, MergeComp or None, callbacks, note)."""
+    import horovod.tensorflow.keras as hvd
+
+    kind = config["kind"]
+    if kind not in COMPRESSION_KINDS:
+        raise ValueError("config kind must be one of %s, got %r" % (COMPRESSION_KINDS, kind))
+    if kind == "horovod":
+        choices = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
+        if config["compression"] not in choices:
+            raise ValueError("horovod compression must be one of %s" % ", ".join(choices))
+        return choices[config["compression"]], None, [], ""
+    from tf_mergecomp import MergeComp
+
+    partition = config["partition"]
+    if partition not in MERGECOMP_PARTITIONS:
+        raise ValueError("partition must be one of %s, got %r" % (MERGECOMP_PARTITIONS, partition))
+    params = dict(config.get("params", {}))
+    if partition == "layerwise":
+        return MergeComp(config["algorithm"], partitions="layerwise", seed=0, **params), None, [], ""
+    if partition == "one":
+        return MergeComp(config["algorithm"], partitions=1, seed=0, **params), None, [], ""
+    callback_class, note = _searched_partition_support()
+    if callback_class is None:
+        return MergeComp(config["algorithm"], partitions=2, seed=0, **params), None, [], note
+    mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
+    return mergecomp, callback_class, [], note
+
+
+def _run_config(model, dataset, config, spec, hvd, tf):
+    compression, search_callback_class, _, note = build_compression(config)
+    mergecomp = compression if config["kind"] == "mergecomp" else None
+    optimizer = hvd.DistributedOptimizer(
+        tf.keras.optimizers.SGD(learning_rate=spec.get("learning_rate", 0.001)), compression=compression
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    search = {}
+    started = time.perf_counter()
+    if search_callback_class is not None:
+        search_callback = search_callback_class(mergecomp, **spec.get("search_params", {}))
+        model.fit(dataset, steps_per_epoch=spec["search_steps"], epochs=1, verbose=0,
+                  callbacks=[search_callback])
+        search = {"search_s": time.perf_counter() - started, "search_steps": spec["search_steps"]}
+        if hasattr(search_callback, "result"):
+            search["search_result"] = _jsonable(search_callback.result)
+    timer = _make_step_timer()(spec["deadline"])
+    warmup, steps = spec["warmup_steps"], spec["steps"]
+    model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
+    wall, cpu = timer.wall, timer.cpu
+    # wall[0] is train begin; wall[i] the end of step i (1-based).
+    step_times = [wall[i] - wall[i - 1] for i in range(warmup + 1, warmup + steps + 1)]
+    result = {
+        "label": config["label"],
+        "config": config,
+        "ok": True,
+        "note": note,
+        "first_steps_s": wall[warmup] - wall[0],
+        "step_times_s": step_times,
+        "elapsed_s": wall[warmup + steps] - wall[warmup],
+        "cpu_s": cpu[warmup + steps] - cpu[warmup],
+        "total_s": time.perf_counter() - started,
+    }
+    result.update(search)
+    if mergecomp is not None:
+        result.update(
+            splits=list(mergecomp.splits) if mergecomp.splits is not None else None,
+            num_groups=mergecomp.num_groups,
+            num_tensors=mergecomp.num_tensors,
+            collectives_executed=int(mergecomp.collectives_executed.numpy()),
+        )
+    return result
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _local_compute_time(model, dataset, spec, tf):
+    """Median step time of plain local training (no collectives) on this rank."""
+    model.compile(
+        optimizer=tf.keras.optimizers.SGD(learning_rate=0.0),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    timer = _make_step_timer()(spec["deadline"])
+    steps = spec.get("compute_steps", 3)
+    model.fit(dataset, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[timer])
+    times = sorted(timer.wall[i] - timer.wall[i - 1] for i in range(2, steps + 2))
+    return times[len(times) // 2]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m tf_mergecomp.bench.worker SPEC.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    _configure_threads()
+    import horovod.tensorflow as hvd_tf
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+
+    import tf_mergecomp.bench.models as models
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    tf.keras.utils.set_random_seed(1234)
+    model = models.build_model(spec["model"])
+    dataset = models.synthetic_dataset(spec["model"], spec["batch_size"], seed=rank)
+    # One broadcast so every rank starts from the same weights, as in training.
+    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    output = {
+        "rank": rank,
+        "size": size,
+        "model": spec["model"],
+        "parameters": int(model.count_params()),
+        "gradient_tensors": len(model.trainable_variables),
+        "results": [],
+    }
+    output["compute_step_s"] = _local_compute_time(model, dataset, spec, tf)
+    for config in spec["configs"]:
+        try:
+            output["results"].append(_run_config(model, dataset, config, spec, hvd, tf))
+        except DeadlineExceeded:
+            output["results"].append({"label": config["label"], "config": config, "ok": False,
+                                      "error": "deadline exceeded"})
+            break
+        except Exception as error:  # recorded per config; the launcher shows it
+            traceback.print_exc()
+            output["results"].append({"label": config["label"], "config": config, "ok": False,
+                                      "error": "%s: %s" % (type(error).__name__, error)})
+        with open(spec["result_path"].format(rank=rank), "w") as f:
+            json.dump(output, f, indent=1)
+    with open(spec["result_path"].format(rank=rank), "w") as f:
+        json.dump(output, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
