@@ -21,7 +21,6 @@ next to it: where it grows with W the cluster is CPU-bound, not network-bound.
 
 import json
 import os
-import signal
 import time
 
 from tf_mergecomp.bench import launcher, models, netns, report
@@ -62,14 +61,6 @@ def _time_budget_s(num_configs, steps, warmup_steps, search_steps, model):
     per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
     per_config = 150 + per_step * (steps + warmup_steps + search_steps)
     return 180 + num_configs * per_config
-
-
-class _Interrupted(BaseException):
-    pass
-
-
-def _raise_interrupt(signum, frame):
-    raise _Interrupted("signal %d" % signum)
 
 
 def run_group(model, workers, configs, args, out_dir):
@@ -138,10 +129,14 @@ def summarize(group):
         row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
         row["first_steps_s"] = max(r["first_steps_s"] for r in results)
         for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
-                    "search_result"):
+                    "search_candidates", "search_finished", "search_history"):
             if key in results[0]:
                 row[key] = results[0][key]
         row["note"] = results[0].get("note", "")
+        if "search_candidates" in row:
+            row["note"] = "search: %d candidates in %.0f s%s" % (
+                row["search_candidates"], row["search_s"],
+                "" if row["search_finished"] else ", stopped at the step budget (best so far kept)")
         rows.append(row)
     batch = group.get("batch_size")
     for row in rows:
@@ -267,41 +262,44 @@ def run(args):
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        for model in args.models:
-            print("[cluster] %s: 1 worker, Horovod fp32" % model, flush=True)
-            single = run_group(model, 1, configs[:1], args, out_dir)
-            single["batch_size"] = args.batch_size
-            rows = summarize(single)
-            entry = {"model": model, "error": single["error"], "images_per_s": None,
-                     "compute_step_s": single["ranks"][0]["compute_step_s"] if single["ranks"] else None}
-            if rows and rows[0].get("images_per_s"):
-                entry["images_per_s"] = rows[0]["images_per_s"]
-            summary["single"].append(entry)
-            for workers in args.workers:
-                print("[cluster] %s: %d workers, %d configs" % (model, workers, len(configs)), flush=True)
-                group = run_group(model, workers, configs, args, out_dir)
-                group["batch_size"] = args.batch_size
-                rows = summarize(group)
-                summary["groups"].append({
-                    "model": model, "workers": workers, "error": group["error"],
-                    "wall_s": group["wall_s"], "rows": rows,
-                    "compute_step_s": [r["compute_step_s"] for r in group["ranks"]],
-                    "gradient_tensors": group["ranks"][0]["gradient_tensors"] if group["ranks"] else None,
-                })
-                if group["error"]:
-                    notes.append("%s with %d workers: %s" % (model, workers, group["error"]))
-                _write(summary, out_dir)
-    except (KeyboardInterrupt, _Interrupted) as interrupt:
+        with netns.terminate_cleanly():
+            _run_all(args, configs, summary, out_dir)
+    except (KeyboardInterrupt, netns.Terminated) as interrupt:
         notes.append("interrupted (%s); results so far are kept" % (interrupt or "Ctrl-C"))
         _write(summary, out_dir)
         raise
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         netns.cleanup_stale()
     return _write(summary, out_dir)
+
+
+def _run_all(args, configs, summary, out_dir):
+    notes = summary["notes"]
+    for model in args.models:
+        print("[cluster] %s: 1 worker, Horovod fp32" % model, flush=True)
+        single = run_group(model, 1, configs[:1], args, out_dir)
+        single["batch_size"] = args.batch_size
+        rows = summarize(single)
+        entry = {"model": model, "error": single["error"], "images_per_s": None,
+                 "compute_step_s": single["ranks"][0]["compute_step_s"] if single["ranks"] else None}
+        if rows and rows[0].get("images_per_s"):
+            entry["images_per_s"] = rows[0]["images_per_s"]
+        summary["single"].append(entry)
+        for workers in args.workers:
+            print("[cluster] %s: %d workers, %d configs" % (model, workers, len(configs)), flush=True)
+            group = run_group(model, workers, configs, args, out_dir)
+            group["batch_size"] = args.batch_size
+            rows = summarize(group)
+            summary["groups"].append({
+                "model": model, "workers": workers, "error": group["error"],
+                "wall_s": group["wall_s"], "rows": rows,
+                "compute_step_s": [r["compute_step_s"] for r in group["ranks"]],
+                "gradient_tensors": group["ranks"][0]["gradient_tensors"] if group["ranks"] else None,
+            })
+            if group["error"]:
+                notes.append("%s with %d workers: %s" % (model, workers, group["error"]))
+            _write(summary, out_dir)
 
 
 def _write(summary, out_dir):

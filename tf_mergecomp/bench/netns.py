@@ -22,9 +22,11 @@ process left behind (``cleanup_stale``) without touching clusters of live
 processes. Every ``ip``/``tc`` call has a timeout. Needs root and iproute2.
 """
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 
@@ -32,6 +34,29 @@ NAME_ROOT = "mcb"
 _COMMAND_TIMEOUT_S = 20
 _PREFIX_PATTERN = re.compile(r"^(%s)([0-9a-f]{6})" % NAME_ROOT)
 _RATE_PATTERN = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps|tbps)$")
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGHUP arrived; raised so that every ``finally`` and ``__exit__`` runs."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated("signal %d" % signum)
+
+
+@contextlib.contextmanager
+def terminate_cleanly():
+    """Turns SIGTERM and SIGHUP into a ``Terminated`` exception inside the block.
+
+    Ctrl-C already raises KeyboardInterrupt; with this, ``kill`` does the same,
+    so a VirtualCluster's ``__exit__`` removes its namespaces either way.
+    """
+    previous = {s: signal.signal(s, _raise_terminated) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class NetnsUnavailable(RuntimeError):

@@ -71,7 +71,7 @@ def _train_one(config, spec, data, hvd, hvd_tf, tf):
     (x_train, y_train), (x_test, y_test) = data
     tf.keras.utils.set_random_seed(SEED)
     model = _build_model(tf)
-    compression, search_callback_class, _, note = build_compression(config)
+    compression, search_callback_class, note = build_compression(config)
     rate = learning_rate(config.get("algorithm")) * hvd.size()
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(rate), compression=compression)
     model.compile(optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -170,7 +170,7 @@ def run(args):
          notes.append("skipped %s: compressor module not there yet (%s)" % (algorithm, why)))
     spec = {"epochs": args.epochs, "configs": plan_configs(algorithms),
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
-            "search_params": {}}
+            "search_params": {"steps_per_candidate": 3, "verbose": 0}}
     spec_path = os.path.join(args.out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)

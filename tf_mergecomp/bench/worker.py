@@ -71,11 +71,11 @@ def _searched_partition_support():
         from tf_mergecomp.callback import MergeCompCallback  # noqa: F401
     except ImportError as error:
         return None, "MergeCompCallback not available (%s): partitions=2 used instead" % error
-    return MergeCompCallback, "searched by MergeCompCallback"
+    return MergeCompCallback, ""
 
 
 def build_compression(config):
-    """Returns (compression for hvd.DistributedOptimizer, MergeComp or None, callbacks, note)."""
+    """Returns (compression for hvd.DistributedOptimizer, search callback class or None, note)."""
     import horovod.tensorflow.keras as hvd
 
     kind = config["kind"]
@@ -85,7 +85,7 @@ def build_compression(config):
         choices = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}
         if config["compression"] not in choices:
             raise ValueError("horovod compression must be one of %s" % ", ".join(choices))
-        return choices[config["compression"]], None, [], ""
+        return choices[config["compression"]], None, ""
     from tf_mergecomp import MergeComp
 
     partition = config["partition"]
@@ -93,18 +93,18 @@ def build_compression(config):
         raise ValueError("partition must be one of %s, got %r" % (MERGECOMP_PARTITIONS, partition))
     params = dict(config.get("params", {}))
     if partition == "layerwise":
-        return MergeComp(config["algorithm"], partitions="layerwise", seed=0, **params), None, [], ""
+        return MergeComp(config["algorithm"], partitions="layerwise", seed=0, **params), None, ""
     if partition == "one":
-        return MergeComp(config["algorithm"], partitions=1, seed=0, **params), None, [], ""
+        return MergeComp(config["algorithm"], partitions=1, seed=0, **params), None, ""
     callback_class, note = _searched_partition_support()
     if callback_class is None:
-        return MergeComp(config["algorithm"], partitions=2, seed=0, **params), None, [], note
+        return MergeComp(config["algorithm"], partitions=2, seed=0, **params), None, note
     mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
-    return mergecomp, callback_class, [], note
+    return mergecomp, callback_class, ""
 
 
 def _run_config(model, dataset, config, spec, hvd, tf):
-    compression, search_callback_class, _, note = build_compression(config)
+    compression, search_callback_class, note = build_compression(config)
     mergecomp = compression if config["kind"] == "mergecomp" else None
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=spec.get("learning_rate", 0.001)), compression=compression
@@ -116,12 +116,7 @@ def _run_config(model, dataset, config, spec, hvd, tf):
     search = {}
     started = time.perf_counter()
     if search_callback_class is not None:
-        search_callback = search_callback_class(mergecomp, **spec.get("search_params", {}))
-        model.fit(dataset, steps_per_epoch=spec["search_steps"], epochs=1, verbose=0,
-                  callbacks=[search_callback])
-        search = {"search_s": time.perf_counter() - started, "search_steps": spec["search_steps"]}
-        if hasattr(search_callback, "result"):
-            search["search_result"] = _jsonable(search_callback.result)
+        search = _search_partition(model, dataset, mergecomp, search_callback_class, spec)
     timer = _make_step_timer()(spec["deadline"])
     warmup, steps = spec["warmup_steps"], spec["steps"]
     model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
@@ -148,6 +143,28 @@ def _run_config(model, dataset, config, spec, hvd, tf):
             collectives_executed=int(mergecomp.collectives_executed.numpy()),
         )
     return result
+
+
+def _search_partition(model, dataset, mergecomp, callback_class, spec):
+    """Runs MergeCompCallback's search for at most spec['search_steps'] steps.
+
+    fit ends after that many steps even when the search has not finished;
+    the callback then keeps the fastest partition measured so far.
+    """
+    params = dict(steps_per_candidate=2, max_groups=3, verbose=0)
+    params.update(spec.get("search_params", {}))
+    callback = callback_class(mergecomp, **params)
+    started = time.perf_counter()
+    model.fit(dataset, steps_per_epoch=spec["search_steps"], epochs=1, verbose=0,
+              callbacks=[callback])
+    history = getattr(callback.search, "history", [])
+    return {
+        "search_s": time.perf_counter() - started,
+        "search_steps": spec["search_steps"],
+        "search_finished": bool(callback.done),
+        "search_candidates": len(history),
+        "search_history": _jsonable(history),
+    }
 
 
 def _jsonable(value):

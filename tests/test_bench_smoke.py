@@ -1,0 +1,223 @@
+"""Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tf_mergecomp.bench import cluster, netns, ops, report
+from tf_mergecomp.bench.__main__ import apply_quick, build_parser
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- argument parsing ---------------------------------------------------------------
+
+def test_ops_arguments():
+    args = build_parser().parse_args(["ops", "--sizes", "1e4,2500", "--algorithms", "fp16,topk"])
+    assert args.sizes == [10_000, 2_500]
+    assert args.algorithms == ["fp16", "topk"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["ops", "--algorithms", "fp16,nope"],
+    ["ops", "--sizes", "1e4,abc"],
+    ["ops", "--sizes", "0.5"],
+    ["cluster", "--workers", "two"],
+])
+def test_bad_arguments_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_quick_overrides_the_plan():
+    args = apply_quick(build_parser().parse_args(["cluster", "--quick", "--steps", "50"]))
+    assert args.models == list(cluster.QUICK["models"])
+    assert args.workers == list(cluster.QUICK["workers"])
+    assert args.steps == cluster.QUICK["steps"]
+    assert cluster.check_args(args) is args
+
+
+def test_cluster_argument_checks():
+    args = build_parser().parse_args(["cluster", "--models", "lenet"])
+    with pytest.raises(ValueError, match="valid choices"):
+        cluster.check_args(args)
+    args = build_parser().parse_args(["cluster", "--workers", "1"])
+    with pytest.raises(ValueError, match=">= 2"):
+        cluster.check_args(args)
+    with pytest.raises(ValueError, match="tc rate"):
+        netns.check_rate("fast")
+    assert netns.check_rate("100Mbit") == "100mbit"
+    assert netns.check_rate("none") is None
+    with pytest.raises(ValueError, match="1..64"):
+        netns.VirtualCluster(0)
+
+
+def test_plan_has_baselines_and_three_partitions_per_algorithm():
+    configs = cluster.plan_configs(["topk", "qsgd"])
+    labels = [c["label"] for c in configs]
+    assert labels[:2] == ["horovod fp32", "horovod fp16"]
+    assert [c["partition"] for c in configs[2:5]] == ["layerwise", "one", "searched"]
+    assert len(configs) == 2 + 2 * 3
+
+
+# ---- formatting ---------------------------------------------------------------------
+
+def test_markdown_table_and_numbers():
+    text = report.markdown_table(["a", "b"], [["x", 1.23456], ["y", None]])
+    assert text.splitlines() == ["| a | b |", "|---|---|", "| x | 1.23 |", "| y | - |"]
+    assert report.fmt(1234.5) == "1234"
+    assert report.fmt(0.012345) == "0.0123"
+    assert report.ratio(1.0, 0) is None
+    with pytest.raises(ValueError):
+        report.markdown_table(["a"], [["x", "y"]])
+
+
+def test_cluster_summary_math():
+    """Throughput from the slowest rank per step; scaling vs 1 worker; speedup vs layer-wise."""
+    def result(label, partition, steps, **extra):
+        config = {"label": label, "kind": "mergecomp", "algorithm": "topk", "partition": partition}
+        return dict({"label": label, "config": config, "ok": True, "step_times_s": steps,
+                     "elapsed_s": sum(steps), "cpu_s": sum(steps) / 2, "first_steps_s": 1.0,
+                     "num_groups": 3, "splits": [5, 9]}, **extra)
+
+    ranks = [
+        {"compute_step_s": 0.1, "results": [result("topk layerwise", "layerwise", [0.4, 0.4, 0.4]),
+                                            result("topk searched", "searched", [0.2, 0.2, 0.2])]},
+        {"compute_step_s": 0.1, "results": [result("topk layerwise", "layerwise", [0.4, 0.5, 0.4]),
+                                            result("topk searched", "searched", [0.1, 0.25, 0.2])]},
+    ]
+    rows = cluster.summarize({"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32})
+    by_label = {r["label"]: r for r in rows}
+    assert by_label["topk layerwise"]["step_s"] == pytest.approx(0.4)
+    assert by_label["topk searched"]["step_s"] == pytest.approx(0.2)
+    assert by_label["topk searched"]["images_per_s"] == pytest.approx(2 * 32 / 0.2)
+    summary = {"bandwidth": "1gbit", "notes": ["a note"],
+               "single": [{"model": "transformer", "images_per_s": 100.0, "compute_step_s": 0.1}],
+               "groups": [{"model": "transformer", "workers": 2, "rows": rows,
+                           "compute_step_s": [0.1, 0.1]}]}
+    text = cluster.tables(summary)
+    searched_line = [l for l in text.splitlines() if l.startswith("| topk searched")][0]
+    cells = [c.strip() for c in searched_line.strip("|").split("|")]
+    assert cells[1] == "320"        # images/s
+    assert cells[2] == "1.60"       # 320 / (2 x 100)
+    assert cells[3] == "2.00"       # 320 / 160 (layer-wise)
+    assert cells[4] == "3 groups [5, 9]"
+    assert "- a note" in text
+
+
+def test_target_status():
+    n = ops.TARGET_SIZE
+    fast = {"encode_s": 0.01, "decode_s": 0.01}
+    slow_ref = {"encode_s": 1.0, "decode_s": 1.0}
+    copy = 4.0 * n / 0.015  # op at 0.01 s is 1.5x copy bandwidth
+    row = {"algorithm": "qsgd", "n": n, "op": fast, "reference": slow_ref}
+    assert ops.target_status(row, copy, None) == "met"
+    row["reference"] = {"encode_s": 0.05, "decode_s": 1.0}
+    assert ops.target_status(row, copy, None).startswith("missed (encode 5.0x ref")
+    row = {"algorithm": "topk", "n": n, "op": {"encode_s": 0.1, "decode_s": 0.1}, "reference": slow_ref}
+    assert ops.target_status(row, copy, 1.0) == "met (10.0x top_k)"
+    assert ops.target_status(row, copy, 0.3) == "missed (3.0x top_k)"
+    assert ops.target_status(dict(row, n=1000), copy, 1.0) == ""
+
+
+def test_tiny_ops_run():
+    result = ops.run([10_000], ["fp16", "topk"], budget_s=1.0, log=lambda *_: None)
+    assert result["copy_bytes_per_s"] > 0
+    assert [r["algorithm"] for r in result["rows"]] == ["fp16", "topk"]
+    for row in result["rows"]:
+        if row["op"].get("missing"):
+            continue  # module not written yet: the table says so
+        for backend in ("op", "reference"):
+            assert "error" not in row[backend], row[backend]
+            assert row[backend]["encode_s"] > 0 and row[backend]["decode_s"] > 0
+        assert row["op"]["payload_bytes"] == row["reference"]["payload_bytes"]
+    text = ops.table(result)
+    assert "| fp16 | 1e+04 |" in text and "| topk | 1e+04 |" in text
+
+
+# ---- network namespaces (root + iproute2 only) -------------------------------------
+
+needs_netns = pytest.mark.skipif(not netns.available()[0],
+                                 reason="needs root and iproute2: %s" % netns.available()[1])
+
+
+def _run_in(namespace, args, timeout=20):
+    return subprocess.run(["ip", "netns", "exec", namespace] + args, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@needs_netns
+def test_two_namespace_cluster_is_shaped_and_removed():
+    with netns.VirtualCluster(2, bandwidth="100mbit", tag="t") as virtual:
+        assert sorted(netns.list_namespaces()) >= sorted(virtual.namespaces)
+        assert len(virtual.namespaces) == 2
+        for namespace, address in zip(virtual.namespaces, virtual.addresses):
+            assert address in _run_in(namespace, ["ip", "-4", "addr", "show", "eth0"]).stdout
+            assert "tbf" in _run_in(namespace, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+            # Hostname resolves to the namespace's own address (Gloo binds to it).
+            resolved = _run_in(namespace, [sys.executable, "-c",
+                                           "import socket; print(socket.gethostbyname(socket.gethostname()))"])
+            assert resolved.stdout.strip() == address
+        # Reachability across the bridge: worker 0 connects to a listener in worker 1.
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", virtual.namespaces[1], sys.executable, "-c",
+             "import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+             "s.bind((%r, 5599)); s.listen(1); c, _ = s.accept(); c.sendall(b'ok')" % virtual.addresses[1]])
+        try:
+            client = _run_in(virtual.namespaces[0], [sys.executable, "-c",
+                             "import socket, time\n"
+                             "for _ in range(50):\n"
+                             "    try:\n"
+                             "        print(socket.create_connection((%r, 5599), timeout=5).recv(2).decode()); break\n"
+                             "    except OSError: time.sleep(0.1)" % virtual.addresses[1]])
+            assert client.stdout.strip() == "ok"
+        finally:
+            server.kill()
+            server.wait(timeout=10)
+        prefix = virtual.prefix
+    assert netns.owned_names(prefix) == ([], [])
+    assert virtual.leftovers() == []
+
+
+@needs_netns
+def test_stale_cluster_of_a_dead_process_is_cleaned_up():
+    stale = netns.VirtualCluster(1, bandwidth=None)
+    stale.prefix = "%s%06x" % (netns.NAME_ROOT, 0xFFFFF0)  # no such pid
+    stale.create()
+    try:
+        assert netns.owned_names(stale.prefix)[0]
+        removed = netns.cleanup_stale()
+        assert stale.namespaces[0] in removed
+        assert netns.owned_names(stale.prefix) == ([], [])
+    finally:
+        stale.destroy()
+
+
+@needs_netns
+def test_sigterm_removes_the_cluster():
+    script = (
+        "import sys, time\n"
+        "from tf_mergecomp.bench import netns\n"
+        "with netns.terminate_cleanly():\n"
+        "    with netns.VirtualCluster(2, tag='s') as c:\n"
+        "        print(c.prefix, flush=True)\n"
+        "        time.sleep(60)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        prefix = process.stdout.readline().strip()
+        assert prefix.startswith(netns.NAME_ROOT)
+        assert len(netns.owned_names(prefix)[0]) == 2
+        process.terminate()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert netns.owned_names(prefix) == ([], [])
