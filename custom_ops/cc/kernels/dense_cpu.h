@@ -1,0 +1,117 @@
+// CPU building blocks of the dense codecs: block sharding over TensorFlow's
+// intra-op pool, an AVX2 path chosen at run time (the library is built
+// without -mavx2 so it loads on any x86-64), and the decoder shared by every
+// codec whose elements take one of two per-worker values.
+#ifndef TF_MERGECOMP_DENSE_CPU_H_
+#define TF_MERGECOMP_DENSE_CPU_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "cc/kernels/dense_bits.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define MERGECOMP_X86 1
+#define MERGECOMP_AVX2 __attribute__((target("avx2")))
+#endif
+
+namespace tf_mergecomp {
+
+// Elements per unit of parallel work. A multiple of 8, so a block's sign
+// bits, 2-bit and k-bit codes all start and end on byte boundaries and
+// threads never share a byte. Reductions keep one partial per block and
+// combine them in block order, so results do not depend on the thread count.
+constexpr int64_t kBlockElements = int64_t{1} << 15;
+
+inline int64_t NumBlocks(int64_t n) { return CeilDiv(n, kBlockElements); }
+
+inline bool CpuHasAvx2() {
+#if MERGECOMP_X86
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  return has_avx2;
+#else
+  return false;
+#endif
+}
+
+// Calls fn(block) for every block in [0, num_blocks), sharded over the
+// intra-op thread pool. cost_per_block is in the pool's units (~cycles).
+inline void ForEachBlock(tensorflow::OpKernelContext* context, int64_t num_blocks,
+                         int64_t cost_per_block, const std::function<void(int64_t)>& fn) {
+  if (num_blocks <= 0) return;
+  if (num_blocks == 1) {
+    fn(0);
+    return;
+  }
+  auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(num_blocks, cost_per_block, [&fn](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) fn(block);
+  });
+}
+
+// Packs IsNonNegative(x[i]) for i in [0, count) into ceil(count / 8) bytes.
+inline void PackSignBitsScalar(const float* x, int64_t count, uint8_t* out) {
+  for (int64_t byte = 0; byte * 8 < count; ++byte) {
+    const int64_t base = byte * 8;
+    const int64_t in_byte = count - base < 8 ? count - base : 8;
+    uint32_t bits = 0;
+    for (int64_t j = 0; j < in_byte; ++j) bits |= uint32_t{IsNonNegative(x[base + j])} << j;
+    out[byte] = static_cast<uint8_t>(bits);
+  }
+}
+
+#if MERGECOMP_X86
+// Bit j set when !(x[j] < 0): the unordered "not less than" compare is true
+// for NaN, matching IsNonNegative.
+MERGECOMP_AVX2 inline uint32_t NonNegativeMask8(__m256 v) {
+  return static_cast<uint32_t>(
+      _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLT_UQ)));
+}
+
+MERGECOMP_AVX2 inline void PackSignBitsAvx2(const float* x, int64_t count, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    const uint32_t word = NonNegativeMask8(_mm256_loadu_ps(x + i)) |
+                          NonNegativeMask8(_mm256_loadu_ps(x + i + 8)) << 8 |
+                          NonNegativeMask8(_mm256_loadu_ps(x + i + 16)) << 16 |
+                          NonNegativeMask8(_mm256_loadu_ps(x + i + 24)) << 24;
+    memcpy(out + i / 8, &word, sizeof(word));
+  }
+  for (; i + 8 <= count; i += 8) out[i / 8] = NonNegativeMask8(_mm256_loadu_ps(x + i));
+  if (i < count) PackSignBitsScalar(x + i, count - i, out + i / 8);
+}
+
+// Eight lanes: lane j is hi where bit j of byte is set, else lo.
+MERGECOMP_AVX2 inline __m256 SelectByBits8(uint32_t byte, __m256 hi, __m256 lo) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256i set = _mm256_cmpeq_epi32(
+      _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
+  return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(set));
+}
+#endif
+
+inline void PackSignBits(const float* x, int64_t count, uint8_t* out) {
+#if MERGECOMP_X86
+  if (CpuHasAvx2()) return PackSignBitsAvx2(x, count, out);
+#endif
+  PackSignBitsScalar(x, count, out);
+}
+
+enum class TwoLevelCombine { kMean, kMajority };
+
+// Decodes W payload rows of `row_bytes` bytes whose sign bits start at
+// `bits_offset`: worker w's element i is hi[w] if its bit is set, else lo[w].
+// The W values are summed in worker order, then divided by W (kMean) or
+// mapped to +1 if the sum is >= 0, else -1 (kMajority; ties go to +1).
+// The plain-TF references sum in the same order, so results match exactly.
+void DecodeTwoLevel(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                    int64_t world_size, int64_t row_bytes, int64_t bits_offset,
+                    const float* hi, const float* lo, int64_t n, TwoLevelCombine combine,
+                    float* out);
+
+}  // namespace tf_mergecomp
+
+#endif  // TF_MERGECOMP_DENSE_CPU_H_

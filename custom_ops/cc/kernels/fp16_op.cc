@@ -1,0 +1,91 @@
+// fp16 CPU kernels: F16C conversions (8 per instruction) when the CPU has
+// them, Eigen's scalar round-to-nearest-even conversion otherwise; both give
+// IEEE results, so they agree bit for bit on every finite and infinite value.
+#include "cc/kernels/fp16_op.h"
+
+#include <cstring>
+
+#include "cc/kernels/dense_cpu.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace tf_mergecomp {
+namespace {
+
+void ToHalfScalar(const float* x, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const Eigen::half h(x[i]);
+    memcpy(out + i, &h, sizeof(h));
+  }
+}
+
+void FromHalfScalar(const uint16_t* x, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    Eigen::half h;
+    memcpy(&h, x + i, sizeof(h));
+    out[i] = static_cast<float>(h);
+  }
+}
+
+#if MERGECOMP_X86
+bool CpuHasF16c() {
+  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has_f16c;
+}
+
+__attribute__((target("avx,f16c"))) void ToHalfF16c(const float* x, int64_t count,
+                                                      uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  ToHalfScalar(x + i, count - i, out + i);
+}
+
+__attribute__((target("avx,f16c"))) void FromHalfF16c(const uint16_t* x, int64_t count,
+                                                        float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+  }
+  FromHalfScalar(x + i, count - i, out + i);
+}
+#endif
+
+}  // namespace
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+template <>
+void Fp16EncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                              const float* input, int64_t n, uint16_t* output) {
+  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+#if MERGECOMP_X86
+    if (CpuHasF16c()) return ToHalfF16c(input + begin, count, output + begin);
+#endif
+    ToHalfScalar(input + begin, count, output + begin);
+  });
+}
+
+template <>
+void Fp16DecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                              const uint16_t* input, int64_t n, float* output) {
+  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+#if MERGECOMP_X86
+    if (CpuHasF16c()) return FromHalfF16c(input + begin, count, output + begin);
+#endif
+    FromHalfScalar(input + begin, count, output + begin);
+  });
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_CPU),
+                        Fp16EncodeOp<CPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("MergecompFp16Decode").Device(tensorflow::DEVICE_CPU),
+                        Fp16DecodeOp<CPUDevice>);
+
+}  // namespace tf_mergecomp

@@ -1,0 +1,191 @@
+// QSGD CPU kernels. Encoding takes two passes over the input: the norm (sum
+// of squares in double, per block, blocks combined in order), then the
+// stochastic levels. Codes of 8 bits (levels 64..127, the default 64) are
+// stored as bytes directly; other widths go through a bit packer.
+#include "cc/kernels/qsgd_op.h"
+
+#include <cmath>
+#include <vector>
+
+#include "cc/kernels/dense_cpu.h"
+
+namespace tf_mergecomp {
+namespace {
+
+// Elements per code chunk (a multiple of 8: a chunk of b-bit codes fills
+// whole bytes).
+constexpr int64_t kChunk = 256;
+
+double SumSquaresScalar(const float* x, int64_t count) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return sum;
+}
+
+#if MERGECOMP_X86
+MERGECOMP_AVX2 double SumSquaresAvx2(const float* x, int64_t count) {
+  __m256d sum_lo = _mm256_setzero_pd(), sum_hi = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    // Squares of float32 values are exact in double: no rounding before the sum.
+    sum_lo = _mm256_add_pd(sum_lo, _mm256_mul_pd(lo, lo));
+    sum_hi = _mm256_add_pd(sum_hi, _mm256_mul_pd(hi, hi));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(sum_lo, sum_hi));
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  if (i < count) sum += SumSquaresScalar(x + i, count - i);
+  return sum;
+}
+#endif
+
+// codes[i] = sign * level + s for elements first .. first + count - 1.
+// Float arithmetic step by step (one rounding per operation, no fused
+// multiply-add) so the plain-TF reference reproduces it exactly.
+template <typename Code>
+__attribute__((target_clones("avx2", "default"))) void QsgdCodes(
+    const float* x, int64_t first, int64_t count, float scale, float levels, SeedKey key,
+    Code* codes) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    const float scaled = std::fabs(v) * scale;
+    const float rounded =
+        std::floor(scaled + RandomUniform(key, static_cast<uint32_t>(first + i)));
+    // NaN (a NaN element, or 0 * inf) compares false: level 0.
+    const float level = rounded >= 1.0f ? (rounded < levels ? rounded : levels) : 0.0f;
+    codes[i] = static_cast<Code>(static_cast<int32_t>(IsNonNegative(v) ? levels + level
+                                                                       : levels - level));
+  }
+}
+
+void PackCodes(const uint32_t* codes, int64_t count, int bits, uint8_t* out) {
+  uint64_t pending = 0;
+  int filled = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    pending |= static_cast<uint64_t>(codes[i]) << filled;
+    filled += bits;
+    while (filled >= 8) {
+      *out++ = static_cast<uint8_t>(pending);
+      pending >>= 8;
+      filled -= 8;
+    }
+  }
+  if (filled > 0) *out = static_cast<uint8_t>(pending);
+}
+
+void UnpackCodes(const uint8_t* in, int64_t count, int bits, uint32_t* codes) {
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  uint64_t pending = 0;
+  int filled = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    while (filled < bits) {
+      pending |= static_cast<uint64_t>(*in++) << filled;
+      filled += 8;
+    }
+    codes[i] = static_cast<uint32_t>(pending & mask);
+    pending >>= bits;
+    filled -= bits;
+  }
+}
+
+template <typename Code>
+__attribute__((target_clones("avx2", "default"))) void AccumulateLevels(
+    const Code* codes, int64_t count, int32_t levels, float unit, bool first, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = static_cast<float>(static_cast<int32_t>(codes[i]) - levels) * unit;
+    out[i] = first ? v : out[i] + v;
+  }
+}
+
+}  // namespace
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+template <>
+void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                              const float* input, int64_t n, int64_t seed,
+                                              int64_t levels, uint8_t* payload) {
+  const bool avx2 = CpuHasAvx2();
+  const int64_t num_blocks = NumBlocks(n);
+  std::vector<double> partial(num_blocks, 0.0);
+  ForEachBlock(context, num_blocks, kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+#if MERGECOMP_X86
+    if (avx2) {
+      partial[block] = SumSquaresAvx2(input + begin, count);
+      return;
+    }
+#endif
+    partial[block] = SumSquaresScalar(input + begin, count);
+  });
+  (void)avx2;
+  double sum_squares = 0.0;
+  for (double p : partial) sum_squares += p;
+  const float norm = static_cast<float>(std::sqrt(sum_squares));
+  StoreFloat(payload, norm);
+
+  const float levels_f = static_cast<float>(levels);
+  // A zero or NaN norm sends level 0 everywhere; an infinite one gives scale 0.
+  const float scale = norm > 0.0f ? levels_f / norm : 0.0f;
+  const SeedKey key = MakeSeedKey(seed);
+  const int bits = QsgdCodeBits(levels);
+  uint8_t* codes_out = payload + kQsgdHeaderBytes;
+  ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t end = std::min(begin + kBlockElements, n);
+    if (bits == 8) {
+      QsgdCodes<uint8_t>(input + begin, begin, end - begin, scale, levels_f, key,
+                         codes_out + begin);
+      return;
+    }
+    uint32_t codes[kChunk];
+    for (int64_t first = begin; first < end; first += kChunk) {
+      const int64_t count = std::min(kChunk, end - first);
+      QsgdCodes<uint32_t>(input + first, first, count, scale, levels_f, key, codes);
+      PackCodes(codes, count, bits, codes_out + first * bits / 8);
+    }
+  });
+}
+
+template <>
+void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                              const uint8_t* payload, int64_t world_size,
+                                              int64_t n, int64_t levels, float* output) {
+  const int64_t row_bytes = RowBytes(n, levels);
+  const int bits = QsgdCodeBits(levels);
+  const float levels_f = static_cast<float>(levels);
+  std::vector<float> unit(world_size);
+  for (int64_t w = 0; w < world_size; ++w) unit[w] = LoadFloat(payload + w * row_bytes) / levels_f;
+  const float divisor = static_cast<float>(world_size);
+  ForEachBlock(context, NumBlocks(n), 4 * world_size * kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t end = std::min(begin + kBlockElements, n);
+    for (int64_t w = 0; w < world_size; ++w) {
+      const uint8_t* codes_in = payload + w * row_bytes + kQsgdHeaderBytes;
+      if (bits == 8) {
+        AccumulateLevels<uint8_t>(codes_in + begin, end - begin, static_cast<int32_t>(levels),
+                                  unit[w], w == 0, output + begin);
+        continue;
+      }
+      uint32_t codes[kChunk];
+      for (int64_t first = begin; first < end; first += kChunk) {
+        const int64_t count = std::min(kChunk, end - first);
+        UnpackCodes(codes_in + first * bits / 8, count, bits, codes);
+        AccumulateLevels<uint32_t>(codes, count, static_cast<int32_t>(levels), unit[w], w == 0,
+                                   output + first);
+      }
+    }
+    for (int64_t i = begin; i < end; ++i) output[i] = output[i] / divisor;
+  });
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_CPU),
+                        DenseEncodeOp<QsgdEncodeFunctor<CPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompQsgdDecode").Device(tensorflow::DEVICE_CPU),
+                        DenseDecodeOp<QsgdDecodeFunctor<CPUDevice>>);
+
+}  // namespace tf_mergecomp

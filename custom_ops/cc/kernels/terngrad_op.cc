@@ -1,0 +1,156 @@
+// TernGrad CPU kernels. Encoding takes two passes: max |x| (per block, NaN
+// tracked separately because max() would drop it), then the Bernoulli draws.
+#include "cc/kernels/terngrad_op.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cc/kernels/dense_cpu.h"
+
+namespace tf_mergecomp {
+namespace {
+
+constexpr int64_t kChunk = 256;  // elements per code chunk (a multiple of 4)
+
+struct MaxAbs {
+  float value = 0.0f;
+  bool has_nan = false;
+};
+
+MaxAbs MaxAbsScalar(const float* x, int64_t count) {
+  MaxAbs result;
+  for (int64_t i = 0; i < count; ++i) {
+    const float a = std::fabs(x[i]);
+    result.has_nan |= a != a;
+    result.value = a > result.value ? a : result.value;
+  }
+  return result;
+}
+
+#if MERGECOMP_X86
+MERGECOMP_AVX2 MaxAbs MaxAbsAvx2(const float* x, int64_t count) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 max8 = _mm256_setzero_ps();
+  __m256 nan8 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 is_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    nan8 = _mm256_or_ps(nan8, is_nan);
+    max8 = _mm256_max_ps(max8, _mm256_andnot_ps(is_nan, _mm256_and_ps(v, abs_mask)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, max8);
+  MaxAbs result = MaxAbsScalar(x + i, count - i);
+  for (float lane : lanes) result.value = lane > result.value ? lane : result.value;
+  result.has_nan |= _mm256_movemask_ps(nan8) != 0;
+  return result;
+}
+#endif
+
+// 2-bit codes: 0 = not sent, 1 = +1, 3 = -1.
+__attribute__((target_clones("avx2", "default"))) void TernaryCodes(
+    const float* x, int64_t first, int64_t count, float max_abs, SeedKey key, uint8_t* codes) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = x[i];
+    // A zero or NaN max gives a NaN probability, which never sends.
+    const bool sent =
+        RandomUniform(key, static_cast<uint32_t>(first + i)) < std::fabs(v) / max_abs;
+    codes[i] = sent ? (IsNonNegative(v) ? 1 : 3) : 0;
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void AccumulateTernary(
+    const uint8_t* codes, int64_t count, float max_abs, bool first, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t c = codes[i];
+    const float t = (c & 1) ? ((c & 2) ? -1.0f : 1.0f) : 0.0f;
+    const float v = max_abs * t;
+    out[i] = first ? v : out[i] + v;
+  }
+}
+
+}  // namespace
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+template <>
+void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                                  const float* input, int64_t n, int64_t seed,
+                                                  int64_t, uint8_t* payload) {
+  const bool avx2 = CpuHasAvx2();
+  const int64_t num_blocks = NumBlocks(n);
+  std::vector<MaxAbs> partial(num_blocks);
+  ForEachBlock(context, num_blocks, kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+#if MERGECOMP_X86
+    if (avx2) {
+      partial[block] = MaxAbsAvx2(input + begin, count);
+      return;
+    }
+#endif
+    partial[block] = MaxAbsScalar(input + begin, count);
+  });
+  (void)avx2;
+  MaxAbs total;
+  for (const MaxAbs& p : partial) {
+    total.has_nan |= p.has_nan;
+    total.value = p.value > total.value ? p.value : total.value;
+  }
+  const float max_abs = total.has_nan ? std::numeric_limits<float>::quiet_NaN() : total.value;
+  StoreFloat(payload, max_abs);
+
+  const SeedKey key = MakeSeedKey(seed);
+  uint8_t* packed = payload + kTerngradHeaderBytes;
+  ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t end = std::min(begin + kBlockElements, n);
+    uint8_t codes[kChunk];
+    for (int64_t first = begin; first < end; first += kChunk) {
+      const int64_t count = std::min(kChunk, end - first);
+      TernaryCodes(input + first, first, count, max_abs, key, codes);
+      for (int64_t i = count; i < CeilDiv(count, 4) * 4; ++i) codes[i] = 0;
+      uint8_t* out = packed + first / 4;
+      for (int64_t k = 0; k < CeilDiv(count, 4); ++k) {
+        out[k] = static_cast<uint8_t>(codes[4 * k] | codes[4 * k + 1] << 2 |
+                                      codes[4 * k + 2] << 4 | codes[4 * k + 3] << 6);
+      }
+    }
+  });
+}
+
+template <>
+void TerngradDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                                  const uint8_t* payload, int64_t world_size,
+                                                  int64_t n, int64_t, float* output) {
+  const int64_t row_bytes = RowBytes(n, 0);
+  const float divisor = static_cast<float>(world_size);
+  ForEachBlock(context, NumBlocks(n), 4 * world_size * kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t end = std::min(begin + kBlockElements, n);
+    uint8_t codes[kChunk];
+    for (int64_t w = 0; w < world_size; ++w) {
+      const uint8_t* row = payload + w * row_bytes;
+      const float max_abs = LoadFloat(row);
+      const uint8_t* packed = row + kTerngradHeaderBytes;
+      for (int64_t first = begin; first < end; first += kChunk) {
+        const int64_t count = std::min(kChunk, end - first);
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t e = first + i;
+          codes[i] = (packed[e >> 2] >> (2 * (e & 3))) & 3;
+        }
+        AccumulateTernary(codes, count, max_abs, w == 0, output + first);
+      }
+    }
+    for (int64_t i = begin; i < end; ++i) output[i] = output[i] / divisor;
+  });
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompTerngradEncode").Device(tensorflow::DEVICE_CPU),
+                        DenseEncodeOp<TerngradEncodeFunctor<CPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_CPU),
+                        DenseDecodeOp<TerngradDecodeFunctor<CPUDevice>>);
+
+}  // namespace tf_mergecomp
