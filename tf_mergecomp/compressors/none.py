@@ -1,0 +1,34 @@
+"""No compression: the float32 gradient itself, averaged by allreduce.
+
+Algorithm: payload = g (cast to float32); combine returns the allreduce
+average, cast back to the input dtype. The baseline every codec is compared
+against; it runs through the same grouping and scheduling as the others.
+
+State: none. Memory: ``none``.
+
+Wire format: the float32[n] buffer, 4n bytes.
+
+No custom op is needed: encoding is at most a cast.
+"""
+
+import tensorflow as tf
+
+from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32
+
+
+class NoneCompressor(Compressor):
+    name = "none"
+    collective = ALLREDUCE
+    default_memory = "none"
+
+    def compress(self, flat, seed):
+        return tf.identity(as_float32(flat)), flat.dtype
+
+    def decompress(self, payload, ctx):
+        return tf.cast(payload, ctx) if ctx != tf.float32 else payload
+
+    def combine(self, collected, ctx, world_size):
+        return tf.cast(collected, ctx) if ctx != tf.float32 else collected
+
+    def payload_nbytes(self, n):
+        return 4 * n

@@ -1,0 +1,52 @@
+"""signSGD with majority vote: one sign bit per element.
+
+Algorithm (Bernstein, Wang, Azizzadenesheli and Anandkumar, 2018, "signSGD:
+Compressed Optimisation for Non-Convex Problems"; majority vote from
+Bernstein, Zhao, Azizzadenesheli and Anandkumar, 2019, "signSGD with Majority
+Vote is Communication Efficient and Fault Tolerant"): each worker sends
+sign(g_i); the combined gradient is sign(sum_w sign_w(g_i)), decoded as +1.0
+or -1.0. sign(0) = +1, and a tie of the votes also gives +1.
+
+NaN and Inf: a sign bit means ``not (g_i < 0)``, so NaN votes +1, -0.0 votes
++1 and +-inf vote their sign; the output is always +-1.0 (never NaN).
+
+State: none. Memory: ``none`` (signum adds momentum; efsignsgd adds error
+feedback and a scale).
+
+Wire format (uint8[ceil(n/8)], ceil(n/8) bytes): bit i % 8 of byte i // 8
+(least significant first) is 1 when g_i is "+"; padding bits are 0.
+
+Ops: ``MergecompSignsgdEncode`` (float32[n] -> uint8[ceil(n/8)]) and
+``MergecompSignsgdDecode`` (uint8[W, ceil(n/8)], n -> float32[n], the vote);
+``decompress`` is the vote of this worker alone, its own +-1 signs.
+"""
+
+import tensorflow as tf
+
+from tf_mergecomp.compressors._sign import (
+    DenseAllgatherCodec,
+    majority_vote,
+    non_negative,
+    pack_bits,
+    unpack_bits,
+)
+
+
+class SignSGDCompressor(DenseAllgatherCodec):
+    name = "signsgd"
+    default_memory = "none"
+
+    def payload_nbytes(self, n):
+        return (n + 7) // 8
+
+    def _encode_op(self, values, seed):
+        return self.ops().mergecomp_signsgd_encode(values)
+
+    def _decode_op(self, rows, n):
+        return self.ops().mergecomp_signsgd_decode(rows, n=n)
+
+    def _encode_reference(self, values, seed, n):
+        return pack_bits(non_negative(values))
+
+    def _decode_reference(self, rows, n, world_size):
+        return majority_vote(unpack_bits(rows, n), world_size)

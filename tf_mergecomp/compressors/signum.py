@@ -1,0 +1,39 @@
+"""SIGNUM: signSGD of the momentum, with majority vote.
+
+Algorithm (Bernstein et al., 2018, "signSGD: Compressed Optimisation for
+Non-Convex Problems", Algorithm 3): each worker keeps m <- beta * m +
+(1 - beta) * g and sends sign(m); the combined update is the majority vote
+sign(sum_w sign_w(m_i)) as +-1.0 (ties and sign(0) give +1). The momentum is
+applied by the ``momentum`` memory before this codec, so the codec itself is
+signSGD's.
+
+State: the momentum m, one float32 per element (the ``momentum`` memory,
+``default_memory_params() == {"beta": beta}``).
+
+Defaults: beta = 0.9 (must be in [0, 1)).
+
+Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
+is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
+
+Ops: ``MergecompSignsgdEncode`` and ``MergecompSignsgdDecode``.
+"""
+
+from tf_mergecomp.compressors.signsgd import SignSGDCompressor
+
+
+class SignumCompressor(SignSGDCompressor):
+    name = "signum"
+    default_memory = "momentum"
+
+    def __init__(self, beta=0.9, backend="op"):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
+            raise ValueError("signum beta must be a number in [0, 1), got %r" % (beta,))
+        super().__init__(backend=backend)
+        self.beta = float(beta)
+
+    @property
+    def params(self):
+        return {"beta": self.beta}
+
+    def default_memory_params(self):
+        return {"beta": self.beta}
