@@ -1,0 +1,134 @@
+"""Deep Gradient Compression (DGC): top-k by a sampled threshold.
+
+Algorithm (Lin et al. 2018, "Deep Gradient Compression: Reducing the
+Communication Bandwidth for Distributed Training"): the memory accumulates
+momentum-corrected gradients v; the codec sends the entries of v whose
+magnitude reaches a threshold estimated from a random sample of |v| instead of
+an exact top-k:
+
+  1. s = max(MIN_SAMPLE, ceil(sample_ratio * n)) positions are drawn uniformly
+     with replacement from the seed (position = floor(bits * n / 2^32), bits =
+     the counter-based RandomBits(seed, j), j = 0 .. s - 1);
+  2. threshold = the r-th largest sampled magnitude, r = ceil(s * k / n);
+  3. refinement: while fewer than k entries reach it, the threshold is halved
+     (at most REFINEMENTS = 3 times);
+  4. candidates = entries with |v_i| >= threshold. If there are more than k,
+     the k largest candidates are sent (which is then the exact top-k, ties to
+     the lower index); if fewer, all candidates are sent and the remaining
+     slots are padding (value 0, index 0), which adds nothing when decoded.
+NaN ranks as +inf (it is selected and propagates), as in topk.
+
+State: none in the codec; the default memory is "dgc" (momentum correction,
+local accumulation, momentum-factor masking) with this codec's momentum.
+
+Wire format: identical to topk, exactly k slots, 8k bytes: k float32 values,
+then k int32 indices, little-endian, ascending index order, padding last.
+Collective: allgather; decode adds all workers' values into zeros, divides by W.
+
+Defaults: ratio = 0.01, sample_ratio = 0.01 (DGC's paper samples 0.1% to 1%),
+momentum = 0.9 (the memory's mu).
+
+Ops: MergecompDgcEncode (sample, nth_element, parallel counting passes,
+compaction) and MergecompSparseScatterMean. The plain-TF reference draws the
+same sample through _random.py and gives identical bytes.
+"""
+
+import math
+
+import tensorflow as tf
+
+from tf_mergecomp._ops import load
+from tf_mergecomp.compressors import _random, _sparse
+from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, check_ratio
+
+MIN_SAMPLE = 1024
+REFINEMENTS = 3  # kDgcRefinements in custom_ops/cc/kernels/dgc_op.h
+
+
+class DGCCompressor(Compressor):
+    name = "dgc"
+    collective = ALLGATHER
+    default_memory = "dgc"
+
+    def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9, backend="op"):
+        super().__init__(backend)
+        self.ratio = check_ratio(ratio)
+        if (isinstance(sample_ratio, bool) or not isinstance(sample_ratio, (int, float))
+                or not 0.0 < sample_ratio <= 1.0):
+            raise ValueError("sample_ratio must be a number in (0, 1], got %r" % (sample_ratio,))
+        self.sample_ratio = float(sample_ratio)
+        if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                or not 0.0 <= momentum < 1.0):
+            raise ValueError("momentum must be a number in [0, 1), got %r" % (momentum,))
+        self.momentum = float(momentum)
+
+    @property
+    def params(self):
+        return {"ratio": self.ratio, "sample_ratio": self.sample_ratio, "momentum": self.momentum}
+
+    def default_memory_params(self):
+        return {"momentum": self.momentum}
+
+    def k(self, n):
+        return _sparse.sparse_k(n, self.ratio)
+
+    def sample_size(self, n):
+        return max(MIN_SAMPLE, int(math.ceil(round(self.sample_ratio * n, 9))))
+
+    def payload_nbytes(self, n):
+        return 8 * self.k(n)
+
+    def _reference_encode(self, values, seed, n, k, sample_size):
+        magnitudes = _sparse.magnitude(values)
+        bits = tf.cast(_random.random_bits(seed, sample_size), tf.int64)
+        positions = tf.bitwise.right_shift(bits * n, tf.constant(32, tf.int64))
+        sample = tf.gather(magnitudes, positions)
+        rank = min(sample_size, max(1, -(-sample_size * k // n)))
+        threshold = tf.math.top_k(sample, rank, sorted=True).values[rank - 1]
+
+        def count(t):
+            return tf.reduce_sum(tf.cast(magnitudes >= t, tf.int64))
+
+        candidates = count(threshold)
+        for _ in range(REFINEMENTS):
+            threshold = tf.where(candidates < k, threshold * 0.5, threshold)
+            candidates = count(threshold)
+        keys = tf.where(magnitudes >= threshold, magnitudes, -1.0)
+        chosen = tf.math.top_k(keys, k, sorted=False).indices
+        valid = tf.gather(keys, chosen) >= 0.0
+        # Valid slots in ascending index order, padding after them.
+        order = tf.argsort(tf.where(valid, chosen, n), stable=True)
+        chosen = tf.gather(chosen, order)
+        valid = tf.gather(valid, order)
+        indices = tf.where(valid, chosen, 0)
+        slot_values = tf.where(valid, tf.gather(values, chosen), 0.0)
+        return _sparse.pack(slot_values, indices)
+
+    def compress(self, flat, seed):
+        n = _sparse.static_length(flat)
+        k = self.k(n)
+        values = as_float32(flat)
+        seed = tf.cast(seed, tf.int64)
+        if k == 0:
+            payload = tf.zeros([0], tf.uint8)
+        elif self.backend == "op":
+            payload = load().mergecomp_dgc_encode(values, seed, k=k,
+                                                  sample_size=self.sample_size(n))
+        else:
+            payload = self._reference_encode(values, seed, n, k, self.sample_size(n))
+        return payload, (n, k, flat.dtype)
+
+    def _decode(self, payloads, ctx):
+        n, k, dtype = ctx
+        if self.backend == "op":
+            dense = load().mergecomp_sparse_scatter_mean(payloads, n=n, k=k)
+        else:
+            dense = _sparse.reference_scatter_mean(payloads, n, k)
+        return tf.cast(dense, dtype)
+
+    def decompress(self, payload, ctx):
+        return self._decode(payload, ctx)
+
+    def combine(self, collected, ctx, world_size):
+        _sparse.check_payload_length(collected, ctx[1], world_size)
+        return self._decode(collected, ctx)
