@@ -70,7 +70,7 @@ def train_keras(save_path, width):
                   loss=loss_fn)
     callback = MergeCompCallback(mc, steps_per_candidate=2, max_groups=3, save_path=save_path,
                                  verbose=1)
-    history = model.fit(x, y, batch_size=16, epochs=6, verbose=0, shuffle=False,
+    history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, shuffle=False,
                         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     return model, mc, callback.search, history.history["loss"]
 
@@ -91,7 +91,7 @@ def train_tape():
 
     step = search.function(train_step)
     losses = []
-    for epoch in range(6):
+    for epoch in range(4):
         epoch_losses = []
         for i in range(0, len(x), 16):
             search.before_step()
