@@ -1,10 +1,8 @@
 """Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
 
-import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 

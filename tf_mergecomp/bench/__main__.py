@@ -60,11 +60,14 @@ def build_parser():
     clus.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps (tracing) per config")
     clus.add_argument("--search-steps", type=int, default=30,
                       help="steps the partition search may use before measuring")
+    clus.add_argument("--search-max-groups", type=int, default=3,
+                      help="most groups the partition search tries (default 3)")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")
     clus.add_argument("--quick", action="store_true",
-                      help="transformer, 2 workers, efsignsgd and topk, 5 steps (< 10 min)")
+                      help="transformer, 2 workers, efsignsgd and topk, 5 steps, a short "
+                           "2-group search (< 10 min)")
     clus.add_argument("--out", default="bench_results/cluster")
 
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
@@ -86,6 +89,7 @@ def apply_quick(args):
         args.steps = cluster.QUICK["steps"]
         args.warmup_steps = cluster.QUICK["warmup_steps"]
         args.search_steps = cluster.QUICK["search_steps"]
+        args.search_max_groups = cluster.QUICK["search_max_groups"]
     return args
 
 

@@ -29,7 +29,7 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 5, "warmup_steps": 2, "search_steps": 10}
+         "steps": 5, "warmup_steps": 2, "search_steps": 14, "search_max_groups": 2}
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
@@ -80,6 +80,8 @@ def run_group(model, workers, configs, args, out_dir):
         "deadline": time.time() + timeout_s - 15,
         "result_path": os.path.join(run_dir, "rank{rank}.json"),
         "configs": configs,
+        "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 2,
+                          "verbose": 0},
     }
     spec_path = os.path.join(run_dir, "spec.json")
     with open(spec_path, "w") as f:

@@ -7,7 +7,10 @@ input, each call a ``tf.function``:
 - encode: ``compress(flat, seed)`` -> the payload;
 - decode: ``combine(payload, ctx, world_size=1)``, the engine's decode path
   (for allgather codecs a one-worker batch; for allreduce codecs the
-  already-averaged payload).
+  already-averaged payload);
+- codecs with several collectives per group (PowerSGD) cannot be split into
+  encode and decode: their whole ``reduce()`` on one worker (collectives are
+  the identity) is timed and shown in the encode columns.
 
 Throughput is input float32 bytes (4n) / seconds: median of repeats after
 warmup calls, at most ``budget_s`` per measurement. The physical limit is the
@@ -78,6 +81,31 @@ def topk_baseline_seconds(flat, ratio=0.01, budget_s=20.0):
     return time_call(lambda: topk(flat), warmup=1, repeats=5, budget_s=budget_s)
 
 
+class _OneWorkerCommunicator:
+    """Collectives of a one-worker job (identity), for codecs timed through reduce()."""
+
+    size = 1
+    rank = 0
+    process_set = None
+
+    def allreduce_mean(self, tensor, key):
+        return tensor
+
+    def allgather(self, tensor, key):
+        return tensor
+
+
+def _measure_round_trip(codec, flat, seed, budget_s):
+    """For codecs with several collectives (PowerSGD): reduce() on one worker."""
+    import tensorflow as tf
+
+    communicator = _OneWorkerCommunicator()
+    group = (0, int(flat.shape[0]))
+    round_trip = tf.function(lambda x, s: codec.reduce(x, s, communicator, group)[0])
+    seconds = time_call(lambda: round_trip(flat, seed), budget_s=budget_s)
+    return {"round_trip_s": seconds}
+
+
 def measure_codec(name, backend, flat, budget_s=10.0):
     """{'encode_s', 'decode_s'} or {'error'} for one codec/backend on `flat`."""
     import tensorflow as tf
@@ -92,6 +120,8 @@ def measure_codec(name, backend, flat, budget_s=10.0):
         return {"error": "%s: %s" % (type(error).__name__, error)}
     seed = tf.constant(12345, tf.int64)
     try:
+        if codec.collectives_per_group() > 1:
+            return _measure_round_trip(codec, flat, seed, budget_s)
         encode = tf.function(lambda x, s: codec.compress(x, s)[0])
         # ctx of one eager call; its tensors are captured by the decode function.
         payload, ctx = codec.compress(flat, seed)
@@ -134,6 +164,8 @@ def _short(row):
         m = row[backend]
         if "error" in m:
             parts.append("%s %s" % (backend, m["error"]))
+        elif "round_trip_s" in m:
+            parts.append("%s reduce %.4fs" % (backend, m["round_trip_s"]))
         else:
             parts.append("%s enc %.4fs dec %.4fs" % (backend, m["encode_s"], m["decode_s"]))
     return "; ".join(parts)
@@ -176,6 +208,14 @@ def table(result):
         op, ref = row["op"], row["reference"]
         if op.get("missing"):
             rows.append([row["algorithm"], "%.0e" % row["n"]] + ["-"] * 8 + ["module not there yet"])
+            continue
+        if "round_trip_s" in op:
+            # Encode, both collectives (identity on one worker) and decode in one call.
+            op_rt = _gbps(row["n"], op["round_trip_s"])
+            ref_rt = _gbps(row["n"], ref.get("round_trip_s"))
+            rows.append([row["algorithm"], "%.0e" % row["n"], op_rt, ref_rt, report.ratio(op_rt, ref_rt),
+                         "-", "-", "-", report.ratio(op_rt * 1e9, copy), "-",
+                         "whole reduce() on 1 worker (several collectives): enc columns"])
             continue
         op_enc = _gbps(row["n"], op.get("encode_s"))
         op_dec = _gbps(row["n"], op.get("decode_s"))

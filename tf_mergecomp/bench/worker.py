@@ -151,8 +151,7 @@ def _search_partition(model, dataset, mergecomp, callback_class, spec):
     fit ends after that many steps even when the search has not finished;
     the callback then keeps the fastest partition measured so far.
     """
-    params = dict(steps_per_candidate=2, max_groups=3, verbose=0)
-    params.update(spec.get("search_params", {}))
+    params = dict(spec.get("search_params", {}))
     callback = callback_class(mergecomp, **params)
     started = time.perf_counter()
     model.fit(dataset, steps_per_epoch=spec["search_steps"], epochs=1, verbose=0,
