@@ -78,9 +78,16 @@ class DGCCompressor(Compressor):
     def payload_nbytes(self, n):
         return 8 * self.k(n)
 
-    def _reference_encode(self, values, seed, n, k, sample_size):
+    def reference_threshold(self, values, seed):
+        """Plain-TF threshold estimate for a float32 buffer.
+
+        Returns (threshold, candidates at the sampled threshold, candidates
+        after refinement), the quantities the op computes internally.
+        """
+        n = _sparse.static_length(values)
+        k, sample_size = self.k(n), self.sample_size(n)
         magnitudes = _sparse.magnitude(values)
-        bits = tf.cast(_random.random_bits(seed, sample_size), tf.int64)
+        bits = tf.cast(_random.random_bits(tf.cast(seed, tf.int64), sample_size), tf.int64)
         positions = tf.bitwise.right_shift(bits * n, tf.constant(32, tf.int64))
         sample = tf.gather(magnitudes, positions)
         rank = min(sample_size, max(1, -(-sample_size * k // n)))
@@ -89,10 +96,15 @@ class DGCCompressor(Compressor):
         def count(t):
             return tf.reduce_sum(tf.cast(magnitudes >= t, tf.int64))
 
-        candidates = count(threshold)
+        sampled_count = candidates = count(threshold)
         for _ in range(REFINEMENTS):
             threshold = tf.where(candidates < k, threshold * 0.5, threshold)
             candidates = count(threshold)
+        return threshold, sampled_count, candidates
+
+    def _reference_encode(self, values, seed, n, k):
+        magnitudes = _sparse.magnitude(values)
+        threshold, _, _ = self.reference_threshold(values, seed)
         keys = tf.where(magnitudes >= threshold, magnitudes, -1.0)
         chosen = tf.math.top_k(keys, k, sorted=False).indices
         valid = tf.gather(keys, chosen) >= 0.0
@@ -115,7 +127,7 @@ class DGCCompressor(Compressor):
             payload = load().mergecomp_dgc_encode(values, seed, k=k,
                                                   sample_size=self.sample_size(n))
         else:
-            payload = self._reference_encode(values, seed, n, k, self.sample_size(n))
+            payload = self._reference_encode(values, seed, n, k)
         return payload, (n, k, flat.dtype)
 
     def _decode(self, payloads, ctx):
