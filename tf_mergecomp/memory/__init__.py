@@ -13,6 +13,8 @@ slice of it in and out as flat buffers:
 the group's length; ``sent`` is this worker's own payload, decoded.
 """
 
+import inspect
+
 from tf_mergecomp.memory.base import Memory, NoMemory
 from tf_mergecomp.memory.dgc import DGCMemory
 from tf_mergecomp.memory.momentum import MomentumMemory
@@ -33,7 +35,13 @@ def get(name, **params):
         return name
     if name not in _REGISTRY:
         raise ValueError("unknown memory %r; valid choices: %s" % (name, ", ".join(NAMES)))
-    return _REGISTRY[name](**params)
+    cls = _REGISTRY[name]
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError("memory %r got unknown parameter(s) %s; valid parameters: %s"
+                         % (name, ", ".join(unknown), ", ".join(accepted) or "none"))
+    return cls(**params)
 
 
 __all__ = ["Memory", "NAMES", "get"]
