@@ -26,8 +26,7 @@ class HorovodCommunicator:
         self._prefix = name_prefix
 
     def _name(self, key):
-        parts = key if isinstance(key, tuple) else (key,)
-        return ".".join([self._prefix] + [str(p) for p in parts])
+        return ".".join([self._prefix] + _flat_parts(key))
 
     def _counted(self, result):
         # The increment waits for the collective but nothing waits for the
@@ -47,3 +46,10 @@ class HorovodCommunicator:
     def allgather(self, tensor, key):
         result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
         return self._counted(result)
+
+
+def _flat_parts(key):
+    """A (possibly nested) tuple key as name parts: ((0, 84), "P") -> ["0", "84", "P"]."""
+    if isinstance(key, tuple):
+        return [part for item in key for part in _flat_parts(item)]
+    return [str(key)]
