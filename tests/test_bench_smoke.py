@@ -136,7 +136,9 @@ def test_tiny_ops_run():
             assert row[backend]["encode_s"] > 0 and row[backend]["decode_s"] > 0
         assert row["op"]["payload_bytes"] == row["reference"]["payload_bytes"]
     text = ops.table(result)
-    assert "| fp16 | 1e+04 |" in text and "| topk | 1e+04 |" in text
+    assert "| fp16 | 10k |" in text and "| topk | 10k |" in text
+    assert [ops.size_text(n) for n in (25_000_000, 1_000_000, 10_000, 1234, 2_500)] == [
+        "25M", "1M", "10k", "1234", "2.5k"]
 
 
 # ---- network namespaces (root + iproute2 only) -------------------------------------

@@ -65,6 +65,27 @@ def time_call(fn, warmup=2, repeats=7, budget_s=10.0):
     return statistics.median(times)
 
 
+def size_text(n):
+    """25000000 -> '25M', 10000 -> '10k', 1234 -> '1234'."""
+    for unit, value in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= value and n % (value // 100 or 1) == 0:
+            return ("%.2f" % (n / value)).rstrip("0").rstrip(".") + unit
+    return str(n)
+
+
+def tf_elementwise_bandwidth(n=TARGET_SIZE, repeats=5):
+    """Input bytes per second of a TF elementwise op (x * 2) writing a fresh n-float output.
+
+    What any op producing a full-size float32 result (a decode) pays here for
+    the output allocation and write, on top of the copy.
+    """
+    import tensorflow as tf
+
+    flat = tf.random.stateless_normal([n], seed=[3, 4], dtype=tf.float32)
+    double = tf.function(lambda x: x * 2.0)
+    return 4.0 * n / time_call(lambda: double(flat), warmup=2, repeats=repeats, budget_s=5.0)
+
+
 def copy_bandwidth(n=TARGET_SIZE, repeats=7):
     """Bytes per second of numpy copying a float32 array of n (input bytes / s)."""
     source = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
@@ -142,7 +163,9 @@ def run(sizes, algorithms, budget_s=10.0, log=print):
     result = {"copy_bytes_per_s": copy_bandwidth(), "rows": [], "topk_baseline_s": {},
               "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                           "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}}
-    log("[ops] copy bandwidth %.2f GB/s" % (result["copy_bytes_per_s"] / 1e9))
+    result["tf_elementwise_bytes_per_s"] = tf_elementwise_bandwidth()
+    log("[ops] copy bandwidth %.2f GB/s, TF x*2 %.2f GB/s" % (
+        result["copy_bytes_per_s"] / 1e9, result["tf_elementwise_bytes_per_s"] / 1e9))
     for n in sizes:
         flat = tf.random.stateless_normal([n], seed=[1, 2], dtype=tf.float32)
         if n >= TARGET_SIZE and any(a in SELECTION for a in algorithms):
@@ -207,13 +230,13 @@ def table(result):
     for row in result["rows"]:
         op, ref = row["op"], row["reference"]
         if op.get("missing"):
-            rows.append([row["algorithm"], "%.0e" % row["n"]] + ["-"] * 8 + ["module not there yet"])
+            rows.append([row["algorithm"], size_text(row["n"])] + ["-"] * 8 + ["module not there yet"])
             continue
         if "round_trip_s" in op:
             # Encode, both collectives (identity on one worker) and decode in one call.
             op_rt = _gbps(row["n"], op["round_trip_s"])
             ref_rt = _gbps(row["n"], ref.get("round_trip_s"))
-            rows.append([row["algorithm"], "%.0e" % row["n"], op_rt, ref_rt, report.ratio(op_rt, ref_rt),
+            rows.append([row["algorithm"], size_text(row["n"]), op_rt, ref_rt, report.ratio(op_rt, ref_rt),
                          "-", "-", "-", report.ratio(op_rt * 1e9, copy), "-",
                          "whole reduce() on 1 worker (several collectives): enc columns"])
             continue
@@ -221,22 +244,27 @@ def table(result):
         op_dec = _gbps(row["n"], op.get("decode_s"))
         ref_enc = _gbps(row["n"], ref.get("encode_s"))
         ref_dec = _gbps(row["n"], ref.get("decode_s"))
-        note = target_status(row, copy, result["topk_baseline_s"].get(row["n"]))
+        baselines = {int(k): v for k, v in result["topk_baseline_s"].items()}
+        note = target_status(row, copy, baselines.get(row["n"]))
         errors = ["%s: %s" % (b, row[b]["error"]) for b in ("op", "reference") if "error" in row[b]]
         rows.append([
-            row["algorithm"], "%.0e" % row["n"],
+            row["algorithm"], size_text(row["n"]),
             op_enc, ref_enc, report.ratio(op_enc, ref_enc),
             op_dec, ref_dec, report.ratio(op_dec, ref_dec),
             report.ratio(op_enc * 1e9 if op_enc else None, copy),
             report.ratio(op_dec * 1e9 if op_dec else None, copy),
             "; ".join([note] + errors if note else errors),
         ])
-    header = ("Copy bandwidth (numpy copy of 25M float32): %.2f GB/s. GB/s = input float32 bytes / "
-              "second; median of repeats; TF threads intra %s / inter %s (0 = all cores).\n"
-              % (copy / 1e9, result["threads"]["intra_op"], result["threads"]["inter_op"]))
-    for n, seconds in sorted(result["topk_baseline_s"].items()):
-        header += "tf.math.top_k(|x|, k=0.01 n) at n=%d: %.4f s (%.2f GB/s).\n" % (
-            n, seconds, 4.0 * n / seconds / 1e9)
+    header = ("Copy bandwidth (numpy copy of 25M float32 into a preallocated array): %.2f GB/s. "
+              "GB/s = input float32 bytes / second; median of repeats; TF threads intra %s / "
+              "inter %s (0 = all cores).\n" % (copy / 1e9, result["threads"]["intra_op"],
+                                               result["threads"]["inter_op"]))
+    if result.get("tf_elementwise_bytes_per_s"):
+        header += ("A TF elementwise op writing a fresh 25M float32 output (x * 2, the floor of any "
+                   "decode): %.2f GB/s.\n" % (result["tf_elementwise_bytes_per_s"] / 1e9))
+    for n, seconds in sorted((int(k), v) for k, v in result["topk_baseline_s"].items()):
+        header += "tf.math.top_k(|x|, k=0.01 n) at n=%s: %.4f s (%.2f GB/s).\n" % (
+            size_text(n), seconds, 4.0 * n / seconds / 1e9)
     return header + "\n" + report.markdown_table(
         ["algorithm", "n", "op enc GB/s", "ref enc GB/s", "enc op/ref", "op dec GB/s",
          "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "target"], rows)
