@@ -31,4 +31,7 @@ def classification_data(rank, n=256):
 
 
 def weights_checksum(model):
-    return float(sum(np.float64(w).sum() * (i + 1) for i, w in enumerate(model.get_weights())))
+    """Of the trainable weights: these must agree across ranks (batch-norm
+    statistics, computed from each rank's own data, need not)."""
+    return float(sum(np.float64(w.numpy()).sum() * (i + 1)
+                     for i, w in enumerate(model.trainable_variables)))
