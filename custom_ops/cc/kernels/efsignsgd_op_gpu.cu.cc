@@ -1,0 +1,112 @@
+// EF-SignSGD CUDA kernels: one pass packs the sign bits and writes per-block
+// L1 sums; one block turns them into the scale; decoding is one thread per
+// element.
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/dense_gpu_launchers.h"
+
+namespace tf_mergecomp {
+namespace {
+
+__global__ void EfsignsgdPackKernel(const float* input, int64_t n, uint8_t* payload,
+                                    double* partials) {
+  __shared__ double shared[gpu::kThreads];
+  const int64_t bytes = (n + 7) / 8;
+  double l1 = 0.0;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
+       k += int64_t{blockDim.x} * gridDim.x) {
+    payload[kEfsignsgdHeaderBytes + k] = gpu::SignByte(input, n, k);
+    for (int64_t i = 8 * k; i < 8 * k + 8 && i < n; ++i) l1 += fabs(static_cast<double>(input[i]));
+  }
+  l1 = gpu::BlockSum(l1, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x * gpu::kReduceFields] = l1;
+}
+
+__global__ void EfsignsgdHeaderKernel(const double* partials, int count, int64_t n,
+                                      uint8_t* payload) {
+  __shared__ double shared[gpu::kThreads];
+  const double l1 = gpu::SumPartials(partials, count, 0, shared);
+  if (threadIdx.x == 0) {
+    StoreFloat(payload, n > 0 ? static_cast<float>(l1 / static_cast<double>(n)) : 0.0f);
+  }
+}
+
+__global__ void EfsignsgdDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
+                                      float* output) {
+  const int64_t row_bytes = kEfsignsgdHeaderBytes + (n + 7) / 8;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    float total = 0.0f;
+    for (int64_t w = 0; w < world_size; ++w) {
+      const uint8_t* row = payload + w * row_bytes;
+      const float scale = LoadFloat(row);
+      const float v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
+      total = w == 0 ? v : __fadd_rn(total, v);
+    }
+    output[i] = __fdiv_rn(total, static_cast<float>(world_size));
+  }
+}
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+using tf_mergecomp::gpu::GridFor;
+using tf_mergecomp::gpu::kThreads;
+
+extern "C" int mergecomp_efsignsgd_encode_gpu(const float* input, int64_t n, uint8_t* payload,
+                                              void* scratch, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* partials = static_cast<double*>(scratch);
+  const int grid = tf_mergecomp::gpu::ReduceGridFor((n + 7) / 8);
+  tf_mergecomp::EfsignsgdPackKernel<<<grid, kThreads, 0, s>>>(input, n, payload, partials);
+  tf_mergecomp::EfsignsgdHeaderKernel<<<1, kThreads, 0, s>>>(partials, grid, n, payload);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+extern "C" int mergecomp_efsignsgd_decode_gpu(const uint8_t* payload, int64_t world_size,
+                                              int64_t n, float* output, void* stream) {
+  if (n == 0) return 0;
+  tf_mergecomp::EfsignsgdDecodeKernel<<<GridFor(n), kThreads, 0,
+                                        static_cast<cudaStream_t>(stream)>>>(payload, world_size,
+                                                                             n, output);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/efsignsgd_op.h"
+
+namespace tf_mergecomp {
+
+using GPUDevice = Eigen::GpuDevice;
+
+template <>
+void EfsignsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const float* input, int64_t n, int64_t seed,
+                                           int64_t levels, uint8_t* payload) {
+  tensorflow::Tensor scratch;
+  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
+                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
+                                                 &scratch));
+  const int error = mergecomp_efsignsgd_encode_gpu(input, n, payload, scratch.flat<uint8_t>().data(),
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("efsignsgd encode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+template <>
+void EfsignsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const uint8_t* payload, int64_t world_size, int64_t n,
+                                           int64_t levels, float* output) {
+  const int error = mergecomp_efsignsgd_decode_gpu(payload, world_size, n, output,
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("efsignsgd decode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdEncode").Device(tensorflow::DEVICE_GPU),
+                        DenseEncodeOp<EfsignsgdEncodeFunctor<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdDecode").Device(tensorflow::DEVICE_GPU),
+                        DenseDecodeOp<EfsignsgdDecodeFunctor<GPUDevice>>);
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA

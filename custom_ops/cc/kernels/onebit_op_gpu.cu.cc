@@ -1,0 +1,127 @@
+// 1-bit SGD CUDA kernels: one pass packs the sign bits and writes per-block
+// side sums; one block turns them into mu+ and mu-; decoding is one thread
+// per element.
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/dense_gpu_launchers.h"
+
+namespace tf_mergecomp {
+namespace {
+
+__global__ void OnebitPackKernel(const float* input, int64_t n, uint8_t* payload,
+                                 double* partials) {
+  __shared__ double shared[gpu::kThreads];
+  const int64_t bytes = (n + 7) / 8;
+  double positive = 0.0, negative = 0.0, positive_count = 0.0;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
+       k += int64_t{blockDim.x} * gridDim.x) {
+    payload[kOnebitHeaderBytes + k] = gpu::SignByte(input, n, k);
+    for (int64_t i = 8 * k; i < 8 * k + 8 && i < n; ++i) {
+      const bool plus = IsNonNegative(input[i]);
+      positive += plus ? static_cast<double>(input[i]) : 0.0;
+      negative += plus ? 0.0 : static_cast<double>(input[i]);
+      positive_count += plus ? 1.0 : 0.0;
+    }
+  }
+  positive = gpu::BlockSum(positive, shared);
+  negative = gpu::BlockSum(negative, shared);
+  positive_count = gpu::BlockSum(positive_count, shared);
+  if (threadIdx.x == 0) {
+    double* mine = partials + blockIdx.x * gpu::kReduceFields;
+    mine[0] = positive;
+    mine[1] = negative;
+    mine[2] = positive_count;
+  }
+}
+
+__global__ void OnebitHeaderKernel(const double* partials, int count, int64_t n,
+                                   uint8_t* payload) {
+  __shared__ double shared[gpu::kThreads];
+  const double positive = gpu::SumPartials(partials, count, 0, shared);
+  const double negative = gpu::SumPartials(partials, count, 1, shared);
+  const double positive_count = gpu::SumPartials(partials, count, 2, shared);
+  if (threadIdx.x == 0) {
+    const double negative_count = static_cast<double>(n) - positive_count;
+    StoreFloat(payload, positive_count > 0 ? static_cast<float>(positive / positive_count) : 0.0f);
+    StoreFloat(payload + 4,
+               negative_count > 0 ? static_cast<float>(negative / negative_count) : 0.0f);
+  }
+}
+
+__global__ void OnebitDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
+                                   float* output) {
+  const int64_t row_bytes = kOnebitHeaderBytes + (n + 7) / 8;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    float total = 0.0f;
+    for (int64_t w = 0; w < world_size; ++w) {
+      const uint8_t* row = payload + w * row_bytes;
+      const float v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
+      total = w == 0 ? v : __fadd_rn(total, v);
+    }
+    output[i] = __fdiv_rn(total, static_cast<float>(world_size));
+  }
+}
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+using tf_mergecomp::gpu::GridFor;
+using tf_mergecomp::gpu::kThreads;
+
+extern "C" int mergecomp_onebit_encode_gpu(const float* input, int64_t n, uint8_t* payload,
+                                           void* scratch, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* partials = static_cast<double*>(scratch);
+  const int grid = tf_mergecomp::gpu::ReduceGridFor((n + 7) / 8);
+  tf_mergecomp::OnebitPackKernel<<<grid, kThreads, 0, s>>>(input, n, payload, partials);
+  tf_mergecomp::OnebitHeaderKernel<<<1, kThreads, 0, s>>>(partials, grid, n, payload);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+extern "C" int mergecomp_onebit_decode_gpu(const uint8_t* payload, int64_t world_size, int64_t n,
+                                           float* output, void* stream) {
+  if (n == 0) return 0;
+  tf_mergecomp::OnebitDecodeKernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      payload, world_size, n, output);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/onebit_op.h"
+
+namespace tf_mergecomp {
+
+using GPUDevice = Eigen::GpuDevice;
+
+template <>
+void OnebitEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const float* input, int64_t n, int64_t seed,
+                                           int64_t levels, uint8_t* payload) {
+  tensorflow::Tensor scratch;
+  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
+                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
+                                                 &scratch));
+  const int error = mergecomp_onebit_encode_gpu(input, n, payload, scratch.flat<uint8_t>().data(),
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("onebit encode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+template <>
+void OnebitDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const uint8_t* payload, int64_t world_size, int64_t n,
+                                           int64_t levels, float* output) {
+  const int error = mergecomp_onebit_decode_gpu(payload, world_size, n, output,
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("onebit decode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_GPU),
+                        DenseEncodeOp<OnebitEncodeFunctor<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompOnebitDecode").Device(tensorflow::DEVICE_GPU),
+                        DenseDecodeOp<OnebitDecodeFunctor<GPUDevice>>);
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,87 @@
+// SignSGD / SIGNUM CUDA kernels: one thread per payload byte to encode, one
+// per element to vote.
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/dense_gpu_launchers.h"
+
+namespace tf_mergecomp {
+namespace {
+
+__global__ void SignBitsKernel(const float* input, int64_t n, uint8_t* payload) {
+  const int64_t bytes = (n + 7) / 8;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
+       k += int64_t{blockDim.x} * gridDim.x) {
+    payload[k] = gpu::SignByte(input, n, k);
+  }
+}
+
+__global__ void MajorityVoteKernel(const uint8_t* payload, int64_t world_size, int64_t n,
+                                   float* output) {
+  const int64_t row_bytes = (n + 7) / 8;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    int64_t votes = 0;
+    for (int64_t w = 0; w < world_size; ++w) votes += gpu::BitAt(payload + w * row_bytes, i) ? 1 : -1;
+    output[i] = votes >= 0 ? 1.0f : -1.0f;
+  }
+}
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+using tf_mergecomp::gpu::GridFor;
+using tf_mergecomp::gpu::kThreads;
+
+extern "C" int mergecomp_signsgd_encode_gpu(const float* input, int64_t n, uint8_t* payload,
+                                            void* stream) {
+  if (n == 0) return 0;
+  tf_mergecomp::SignBitsKernel<<<GridFor((n + 7) / 8), kThreads, 0,
+                                 static_cast<cudaStream_t>(stream)>>>(input, n, payload);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+extern "C" int mergecomp_signsgd_decode_gpu(const uint8_t* payload, int64_t world_size,
+                                            int64_t n, float* output, void* stream) {
+  if (n == 0) return 0;
+  tf_mergecomp::MajorityVoteKernel<<<GridFor(n), kThreads, 0,
+                                     static_cast<cudaStream_t>(stream)>>>(payload, world_size, n,
+                                                                          output);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/signsgd_op.h"
+
+namespace tf_mergecomp {
+
+using GPUDevice = Eigen::GpuDevice;
+
+template <>
+void SignsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                                 const float* input, int64_t n, int64_t, int64_t,
+                                                 uint8_t* payload) {
+  const int error = mergecomp_signsgd_encode_gpu(input, n, payload,
+                                                 context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("signsgd encode: ",
+                                           cudaGetErrorString(cudaError_t(error))));
+}
+
+template <>
+void SignsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                                 const uint8_t* payload, int64_t world_size,
+                                                 int64_t n, int64_t, float* output) {
+  const int error = mergecomp_signsgd_decode_gpu(payload, world_size, n, output,
+                                                 context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("signsgd decode: ",
+                                           cudaGetErrorString(cudaError_t(error))));
+}
+
+REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE_GPU),
+                        DenseEncodeOp<SignsgdEncodeFunctor<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdDecode").Device(tensorflow::DEVICE_GPU),
+                        DenseDecodeOp<SignsgdDecodeFunctor<GPUDevice>>);
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,152 @@
+// TernGrad CUDA kernels: per-block max |x| (NaN tracked apart), one block for
+// the scale, then one thread per payload byte (4 elements).
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/dense_gpu_launchers.h"
+
+namespace tf_mergecomp {
+namespace {
+
+__global__ void MaxAbsKernel(const float* input, int64_t n, double* partials) {
+  __shared__ float max_shared[gpu::kThreads];
+  __shared__ int nan_shared[gpu::kThreads];
+  float max_abs = 0.0f;
+  int has_nan = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    const float a = fabsf(input[i]);
+    has_nan |= a != a;
+    max_abs = a > max_abs ? a : max_abs;
+  }
+  max_shared[threadIdx.x] = max_abs;
+  nan_shared[threadIdx.x] = has_nan;
+  __syncthreads();
+  for (int stride = gpu::kThreads / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) {
+      const float other = max_shared[threadIdx.x + stride];
+      max_shared[threadIdx.x] = other > max_shared[threadIdx.x] ? other : max_shared[threadIdx.x];
+      nan_shared[threadIdx.x] |= nan_shared[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x * gpu::kReduceFields] = max_shared[0];
+    partials[blockIdx.x * gpu::kReduceFields + 1] = nan_shared[0];
+  }
+}
+
+__global__ void MaxHeaderKernel(const double* partials, int count, uint8_t* payload) {
+  if (threadIdx.x != 0) return;
+  float max_abs = 0.0f;
+  bool has_nan = false;
+  for (int b = 0; b < count; ++b) {
+    const float m = static_cast<float>(partials[b * gpu::kReduceFields]);
+    max_abs = m > max_abs ? m : max_abs;
+    has_nan |= partials[b * gpu::kReduceFields + 1] != 0.0;
+  }
+  StoreFloat(payload, has_nan ? __int_as_float(0x7fc00000) : max_abs);
+}
+
+__global__ void TernaryCodesKernel(const float* input, int64_t n, SeedKey key, uint8_t* payload) {
+  const float max_abs = LoadFloat(payload);
+  const int64_t bytes = (n + 3) / 4;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
+       k += int64_t{blockDim.x} * gridDim.x) {
+    uint32_t byte = 0;
+    for (int j = 0; j < 4 && 4 * k + j < n; ++j) {
+      const int64_t i = 4 * k + j;
+      const float v = input[i];
+      // A zero or NaN max gives a NaN probability, which never sends.
+      const bool sent =
+          RandomUniform(key, static_cast<uint32_t>(i)) < __fdiv_rn(fabsf(v), max_abs);
+      byte |= (sent ? (IsNonNegative(v) ? 1u : 3u) : 0u) << (2 * j);
+    }
+    payload[kTerngradHeaderBytes + k] = static_cast<uint8_t>(byte);
+  }
+}
+
+__global__ void TerngradDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
+                                     float* output) {
+  const int64_t row_bytes = kTerngradHeaderBytes + (n + 3) / 4;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    float total = 0.0f;
+    for (int64_t w = 0; w < world_size; ++w) {
+      const uint8_t* row = payload + w * row_bytes;
+      const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
+      const float t = (code & 1) ? ((code & 2) ? -1.0f : 1.0f) : 0.0f;
+      const float v = __fmul_rn(LoadFloat(row), t);
+      total = w == 0 ? v : __fadd_rn(total, v);
+    }
+    output[i] = __fdiv_rn(total, static_cast<float>(world_size));
+  }
+}
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+using tf_mergecomp::gpu::GridFor;
+using tf_mergecomp::gpu::kThreads;
+
+extern "C" int mergecomp_terngrad_encode_gpu(const float* input, int64_t n, int64_t seed,
+                                             uint8_t* payload, void* scratch, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* partials = static_cast<double*>(scratch);
+  const int grid = tf_mergecomp::gpu::ReduceGridFor(n);
+  tf_mergecomp::MaxAbsKernel<<<grid, kThreads, 0, s>>>(input, n, partials);
+  tf_mergecomp::MaxHeaderKernel<<<1, 32, 0, s>>>(partials, grid, payload);
+  if (n == 0) return tf_mergecomp::gpu::ErrorCode();
+  tf_mergecomp::TernaryCodesKernel<<<GridFor((n + 3) / 4), kThreads, 0, s>>>(
+      input, n, tf_mergecomp::MakeSeedKey(seed), payload);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+extern "C" int mergecomp_terngrad_decode_gpu(const uint8_t* payload, int64_t world_size,
+                                             int64_t n, float* output, void* stream) {
+  if (n == 0) return 0;
+  tf_mergecomp::TerngradDecodeKernel<<<GridFor(n), kThreads, 0,
+                                       static_cast<cudaStream_t>(stream)>>>(payload, world_size, n,
+                                                                            output);
+  return tf_mergecomp::gpu::ErrorCode();
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/terngrad_op.h"
+
+namespace tf_mergecomp {
+
+using GPUDevice = Eigen::GpuDevice;
+
+template <>
+void TerngradEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const float* input, int64_t n, int64_t seed,
+                                           int64_t levels, uint8_t* payload) {
+  tensorflow::Tensor scratch;
+  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
+                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
+                                                 &scratch));
+  const int error = mergecomp_terngrad_encode_gpu(input, n, seed, payload, scratch.flat<uint8_t>().data(),
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("terngrad encode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+template <>
+void TerngradDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const uint8_t* payload, int64_t world_size, int64_t n,
+                                           int64_t levels, float* output) {
+  const int error = mergecomp_terngrad_decode_gpu(payload, world_size, n, output,
+                                           context->eigen_device<GPUDevice>().stream());
+  OP_REQUIRES(context, error == 0,
+              tensorflow::errors::Internal("terngrad decode: ", cudaGetErrorString(cudaError_t(error))));
+}
+
+// The seed is read on the host, when the kernels are launched.
+REGISTER_KERNEL_BUILDER(
+    Name("MergecompTerngradEncode").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
+    DenseEncodeOp<TerngradEncodeFunctor<GPUDevice>>);
+REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_GPU),
+                        DenseDecodeOp<TerngradDecodeFunctor<GPUDevice>>);
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA
