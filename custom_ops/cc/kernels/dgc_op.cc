@@ -1,4 +1,7 @@
 // CPU kernel of MergecompDgcEncode (algorithm in dgc_op.h).
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 #include "cc/kernels/dgc_op.h"
 
 #include <algorithm>
@@ -148,5 +151,16 @@ class DgcEncodeOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("MergecompDgcEncode").Device(tensorflow::DEVICE_CPU).HostMemory("seed"),
                         DgcEncodeOp<CPUDevice>);
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+// Specialised in dgc_op_gpu.cu.cc.
+template <>
+Status DgcEncodeFunctor<GPUDevice>::operator()(OpKernelContext* context, const float* input,
+                                               int64_t n, int64_t seed, int64_t k,
+                                               int64_t sample_size, uint8_t* payload);
+REGISTER_KERNEL_BUILDER(Name("MergecompDgcEncode").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
+                        DgcEncodeOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_mergecomp

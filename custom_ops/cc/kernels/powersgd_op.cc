@@ -1,4 +1,7 @@
 // CPU kernels of MergecompPowersgdPadReshape and MergecompPowersgdOrthonormalize.
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 #include "cc/kernels/powersgd_op.h"
 
 #include <algorithm>
@@ -101,5 +104,22 @@ REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdPadReshape").Device(tensorflow::D
                         PowersgdPadReshapeOp<CPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdOrthonormalize").Device(tensorflow::DEVICE_CPU),
                         PowersgdOrthonormalizeOp<CPUDevice>);
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+// Specialised in powersgd_op_gpu.cu.cc.
+template <>
+void PowersgdPadReshapeFunctor<GPUDevice>::operator()(OpKernelContext* context,
+                                                      const float* input, int64_t n,
+                                                      int64_t total, float* output);
+template <>
+void PowersgdOrthonormalizeFunctor<GPUDevice>::operator()(OpKernelContext* context,
+                                                          const float* input, int64_t rows,
+                                                          int64_t rank, float* output);
+REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdPadReshape").Device(tensorflow::DEVICE_GPU),
+                        PowersgdPadReshapeOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdOrthonormalize").Device(tensorflow::DEVICE_GPU),
+                        PowersgdOrthonormalizeOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_mergecomp

@@ -1,4 +1,7 @@
 // CPU kernel of MergecompRandomkIndices (algorithm in randomk_op.h).
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 #include "cc/kernels/randomk_op.h"
 
 #include "cc/kernels/random.h"
@@ -59,5 +62,15 @@ class RandomkIndicesOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVICE_CPU),
                         RandomkIndicesOp<CPUDevice>);
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+// Specialised in randomk_op_gpu.cu.cc.
+template <>
+Status RandomkIndicesFunctor<GPUDevice>::operator()(OpKernelContext* context, int64_t seed,
+                                                    int64_t n, int64_t k, int32_t* indices);
+REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
+                        RandomkIndicesOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_mergecomp

@@ -1,4 +1,7 @@
 // CPU kernels of MergecompTopkEncode and MergecompSparseScatterMean.
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 #include "cc/kernels/topk_op.h"
 
 #include "cc/kernels/sparse_select.h"
@@ -128,5 +131,21 @@ REGISTER_KERNEL_BUILDER(Name("MergecompTopkEncode").Device(tensorflow::DEVICE_CP
                         TopkEncodeOp<CPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("MergecompSparseScatterMean").Device(tensorflow::DEVICE_CPU),
                         SparseScatterMeanOp<CPUDevice>);
+
+#if GOOGLE_CUDA
+using GPUDevice = Eigen::GpuDevice;
+// Specialised in topk_op_gpu.cu.cc.
+template <>
+Status TopkEncodeFunctor<GPUDevice>::operator()(OpKernelContext* context, const float* input,
+                                                int64_t n, int64_t k, uint8_t* payload);
+template <>
+Status SparseScatterMeanFunctor<GPUDevice>::operator()(OpKernelContext* context,
+                                                       const uint8_t* payloads, int64_t workers,
+                                                       int64_t k, int64_t n, float* output);
+REGISTER_KERNEL_BUILDER(Name("MergecompTopkEncode").Device(tensorflow::DEVICE_GPU),
+                        TopkEncodeOp<GPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("MergecompSparseScatterMean").Device(tensorflow::DEVICE_GPU),
+                        SparseScatterMeanOp<GPUDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_mergecomp

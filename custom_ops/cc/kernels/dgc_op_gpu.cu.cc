@@ -1,0 +1,167 @@
+// CUDA kernel of MergecompDgcEncode (algorithm in dgc_op.h).
+//
+// Framework-free entry points (raw device pointers, a cudaStream_t):
+//   size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size);
+//   int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed, int64_t k,
+//                                   int64_t sample_size, uint8_t* payload,
+//                                   void* workspace, cudaStream_t);
+// Returns the cudaError_t of the last launch.
+//
+// On the device the candidates are selected in one formulation: masked key
+// m_i = key(|v_i|) + 1 if |v_i| >= threshold, else 0; the k largest m (ties
+// to the lower index) are the k largest candidates when there are >= k of
+// them. With fewer, the threshold of that selection is 0; only m > 0 entries
+// are emitted and the payload, zeroed first, keeps its (0, index 0) padding.
+// The result equals the CPU kernel's byte for byte.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/kernels/random.h"
+#include "cc/kernels/sparse_select_gpu.cu.h"
+
+namespace tf_mergecomp {
+namespace {
+
+constexpr int kRefinements = 3;  // kDgcRefinements in dgc_op.h
+
+struct DgcState {
+  float threshold;
+  int active;
+  unsigned long long count;
+};
+
+__global__ void SampleKernel(const float* input, int64_t n, SeedKey seed_key,
+                             int64_t sample_size, uint32_t* sample_keys) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < sample_size;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
+    const int64_t position = static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
+    sample_keys[j] = gpu_select::MagnitudeKeyDevice(input[position]);
+  }
+}
+
+__global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, DgcState* dgc) {
+  dgc->threshold = __uint_as_float(sample_state->prefix);
+  dgc->active = 1;
+  dgc->count = 0;
+}
+
+__global__ void CountKernel(const float* input, int64_t n, DgcState* dgc) {
+  if (!dgc->active) return;
+  const uint32_t threshold_key = gpu_select::MagnitudeKeyDevice(dgc->threshold);
+  unsigned long long count = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) count += __shfl_down_sync(0xffffffffu, count, offset);
+  if ((threadIdx.x & 31) == 0 && count) atomicAdd(&dgc->count, count);
+}
+
+__global__ void RefineKernel(DgcState* dgc, long long k) {
+  dgc->active = static_cast<long long>(dgc->count) < k;
+  if (dgc->active) {
+    dgc->threshold = dgc->threshold * 0.5f;
+    dgc->count = 0;
+  }
+}
+
+// When fewer than k candidates exist the selection threshold is 0: take no
+// zero-keyed (non-candidate) entries.
+__global__ void DropNonCandidatesKernel(gpu_select::SelectState* state) {
+  if (state->prefix == 0) state->remaining = 0;
+}
+
+struct SampleKey {
+  const uint32_t* keys;
+  __device__ uint32_t operator()(int64_t j) const { return keys[j]; }
+};
+
+struct MaskedKey {
+  const float* input;
+  const DgcState* dgc;
+  __device__ uint32_t operator()(int64_t i) const {
+    const uint32_t key = gpu_select::MagnitudeKeyDevice(input[i]);
+    return key >= gpu_select::MagnitudeKeyDevice(dgc->threshold) ? key + 1u : 0u;
+  }
+};
+
+int GridFor(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks));
+}
+
+size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+extern "C" size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size) {
+  using namespace tf_mergecomp;
+  return Align(sizeof(DgcState)) + Align(sizeof(uint32_t) * sample_size) +
+         Align(gpu_select::WorkspaceBytes(sample_size)) + gpu_select::WorkspaceBytes(n);
+}
+
+extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed,
+                                           int64_t k, int64_t sample_size, uint8_t* payload,
+                                           void* workspace, cudaStream_t stream) {
+  using namespace tf_mergecomp;
+  if (k <= 0) return 0;
+  char* base = static_cast<char*>(workspace);
+  DgcState* dgc = reinterpret_cast<DgcState*>(base);
+  base += Align(sizeof(DgcState));
+  uint32_t* sample_keys = reinterpret_cast<uint32_t*>(base);
+  base += Align(sizeof(uint32_t) * sample_size);
+  gpu_select::Workspace sample_ws(base, sample_size);
+  base += Align(gpu_select::WorkspaceBytes(sample_size));
+  gpu_select::Workspace ws(base, n);
+
+  SampleKernel<<<GridFor(sample_size), 256, 0, stream>>>(input, n, MakeSeedKey(seed),
+                                                        sample_size, sample_keys);
+  int64_t rank = (sample_size * k + n - 1) / n;
+  rank = rank < 1 ? 1 : (rank > sample_size ? sample_size : rank);
+  gpu_select::LaunchSelect(sample_size, rank, SampleKey{sample_keys}, sample_ws, stream);
+  SetThresholdKernel<<<1, 1, 0, stream>>>(sample_ws.state, dgc);
+  CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+  for (int round = 0; round < kRefinements; ++round) {
+    RefineKernel<<<1, 1, 0, stream>>>(dgc, k);
+    CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+  }
+  MaskedKey key{input, dgc};
+  gpu_select::LaunchSelect(n, k, key, ws, stream);
+  DropNonCandidatesKernel<<<1, 1, 0, stream>>>(ws.state);
+  cudaMemsetAsync(payload, 0, 8 * k, stream);
+  gpu_select::ValueIndexEmit emit{input, reinterpret_cast<float*>(payload),
+                                  reinterpret_cast<int32_t*>(payload + 4 * k)};
+  gpu_select::LaunchEmit(n, key, emit, ws, stream);
+  return static_cast<int>(cudaGetLastError());
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/dgc_op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_mergecomp {
+
+template <>
+tensorflow::Status DgcEncodeFunctor<Eigen::GpuDevice>::operator()(
+    tensorflow::OpKernelContext* context, const float* input, int64_t n, int64_t seed, int64_t k,
+    int64_t sample_size, uint8_t* payload) {
+  if (k == 0) return tensorflow::OkStatus();
+  tensorflow::Tensor workspace;
+  TF_RETURN_IF_ERROR(context->allocate_temp(
+      tensorflow::DT_UINT8,
+      tensorflow::TensorShape(
+          {static_cast<int64_t>(mergecomp_dgc_workspace_bytes(n, sample_size))}),
+      &workspace));
+  const int error = mergecomp_dgc_encode_launch(input, n, seed, k, sample_size, payload,
+                                                workspace.flat<uint8_t>().data(),
+                                                context->eigen_gpu_device().stream());
+  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ", error);
+  return tensorflow::OkStatus();
+}
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,75 @@
+// CUDA kernel of MergecompRandomkIndices (algorithm in randomk_op.h).
+//
+// Framework-free entry points (raw device pointers, a cudaStream_t):
+//   size_t mergecomp_randomk_workspace_bytes(int64_t n);
+//   int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+//                                        int32_t* indices, void* workspace, cudaStream_t);
+// Returns the cudaError_t of the last launch. Same indices as the CPU kernel.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/kernels/random.h"
+#include "cc/kernels/sparse_select_gpu.cu.h"
+
+namespace tf_mergecomp {
+namespace {
+
+struct RandomKey {
+  SeedKey seed_key;
+  __device__ uint32_t operator()(int64_t i) const {
+    return RandomBits(seed_key, static_cast<uint32_t>(i));
+  }
+};
+
+struct IndexEmit {
+  int32_t* indices;
+  __device__ void operator()(int64_t i, long long position) const {
+    indices[position] = static_cast<int32_t>(i);
+  }
+};
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+extern "C" size_t mergecomp_randomk_workspace_bytes(int64_t n) {
+  return tf_mergecomp::gpu_select::WorkspaceBytes(n);
+}
+
+extern "C" int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+                                                int32_t* indices, void* workspace,
+                                                cudaStream_t stream) {
+  using namespace tf_mergecomp;
+  if (k <= 0) return 0;
+  gpu_select::Workspace ws(workspace, n);
+  RandomKey key{MakeSeedKey(seed)};
+  gpu_select::LaunchSelect(n, k, key, ws, stream);
+  gpu_select::LaunchEmit(n, key, IndexEmit{indices}, ws, stream);
+  return static_cast<int>(cudaGetLastError());
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/randomk_op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_mergecomp {
+
+template <>
+tensorflow::Status RandomkIndicesFunctor<Eigen::GpuDevice>::operator()(
+    tensorflow::OpKernelContext* context, int64_t seed, int64_t n, int64_t k, int32_t* indices) {
+  if (k == 0) return tensorflow::OkStatus();
+  tensorflow::Tensor workspace;
+  TF_RETURN_IF_ERROR(context->allocate_temp(
+      tensorflow::DT_UINT8,
+      tensorflow::TensorShape({static_cast<int64_t>(mergecomp_randomk_workspace_bytes(n))}),
+      &workspace));
+  const int error = mergecomp_randomk_indices_launch(seed, n, k, indices,
+                                                     workspace.flat<uint8_t>().data(),
+                                                     context->eigen_gpu_device().stream());
+  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ", error);
+  return tensorflow::OkStatus();
+}
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA

@@ -1,0 +1,119 @@
+// CUDA kernels of MergecompTopkEncode and MergecompSparseScatterMean.
+//
+// Framework-free entry points (raw device pointers, a cudaStream_t; callable
+// through ctypes with CuPy arrays):
+//   size_t mergecomp_topk_workspace_bytes(int64_t n);
+//   int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+//                                    uint8_t* payload, void* workspace, cudaStream_t);
+//   int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+//                                            int64_t k, int64_t n, float* output,
+//                                            cudaStream_t);
+// They return the cudaError_t of the last launch. Payload layout: topk_op.h.
+// The decoder adds worker by worker (one launch each), so the sum order over
+// workers matches the CPU kernel; out-of-range indices are skipped on the GPU.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/kernels/sparse_select_gpu.cu.h"
+
+namespace tf_mergecomp {
+namespace {
+
+__global__ void ScatterAddKernel(const uint8_t* payload, int64_t k, int64_t n, float* output) {
+  const float* values = reinterpret_cast<const float*>(payload);
+  const int32_t* indices = reinterpret_cast<const int32_t*>(payload + 4 * k);
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < k;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t index = indices[j];
+    // Within one payload indices are distinct except dgc's padding slots,
+    // which add 0: the atomics do not make the result order-dependent.
+    if (index >= 0 && index < n) atomicAdd(&output[index], values[j]);
+  }
+}
+
+__global__ void DivideKernel(float* output, int64_t n, float divisor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    output[i] /= divisor;
+  }
+}
+
+int GridFor(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks));
+}
+
+}  // namespace
+}  // namespace tf_mergecomp
+
+extern "C" size_t mergecomp_topk_workspace_bytes(int64_t n) {
+  return tf_mergecomp::gpu_select::WorkspaceBytes(n);
+}
+
+extern "C" int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+                                            uint8_t* payload, void* workspace,
+                                            cudaStream_t stream) {
+  using namespace tf_mergecomp::gpu_select;
+  if (k <= 0) return 0;
+  Workspace ws(workspace, n);
+  MagnitudeKey key{input};
+  LaunchSelect(n, k, key, ws, stream);
+  ValueIndexEmit emit{input, reinterpret_cast<float*>(payload),
+                      reinterpret_cast<int32_t*>(payload + 4 * k)};
+  LaunchEmit(n, key, emit, ws, stream);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+                                                    int64_t k, int64_t n, float* output,
+                                                    cudaStream_t stream) {
+  using namespace tf_mergecomp;
+  cudaMemsetAsync(output, 0, sizeof(float) * n, stream);
+  for (int64_t w = 0; w < workers && k > 0; ++w) {
+    ScatterAddKernel<<<GridFor(k), 256, 0, stream>>>(payloads + w * 8 * k, k, n, output);
+  }
+  if (workers > 1 && n > 0) {
+    DivideKernel<<<GridFor(n), 256, 0, stream>>>(output, n, static_cast<float>(workers));
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "cc/kernels/topk_op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_mergecomp {
+
+using GPUDevice = Eigen::GpuDevice;
+
+template <>
+tensorflow::Status TopkEncodeFunctor<GPUDevice>::operator()(
+    tensorflow::OpKernelContext* context, const float* input, int64_t n, int64_t k,
+    uint8_t* payload) {
+  if (k == 0) return tensorflow::OkStatus();
+  tensorflow::Tensor workspace;
+  TF_RETURN_IF_ERROR(context->allocate_temp(
+      tensorflow::DT_UINT8,
+      tensorflow::TensorShape({static_cast<int64_t>(mergecomp_topk_workspace_bytes(n))}),
+      &workspace));
+  const int error = mergecomp_topk_encode_launch(input, n, k, payload,
+                                                 workspace.flat<uint8_t>().data(),
+                                                 context->eigen_gpu_device().stream());
+  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ", error);
+  return tensorflow::OkStatus();
+}
+
+template <>
+tensorflow::Status SparseScatterMeanFunctor<GPUDevice>::operator()(
+    tensorflow::OpKernelContext* context, const uint8_t* payloads, int64_t workers, int64_t k,
+    int64_t n, float* output) {
+  const int error = mergecomp_sparse_scatter_mean_launch(payloads, workers, k, n, output,
+                                                         context->eigen_gpu_device().stream());
+  if (error != 0) return tensorflow::errors::Internal("sparse decode launch failed: ", error);
+  return tensorflow::OkStatus();
+}
+
+}  // namespace tf_mergecomp
+#endif  // GOOGLE_CUDA
