@@ -95,7 +95,7 @@ def test_cluster_summary_math():
     assert by_label["topk layerwise"]["step_s"] == pytest.approx(0.4)
     assert by_label["topk searched"]["step_s"] == pytest.approx(0.2)
     assert by_label["topk searched"]["images_per_s"] == pytest.approx(2 * 32 / 0.2)
-    summary = {"bandwidth": "1gbit", "notes": ["a note"],
+    summary = {"bandwidth": "1gbit", "notes": ["a note"], "batch_size": 32,
                "single": [{"model": "transformer", "images_per_s": 100.0, "compute_step_s": 0.1}],
                "groups": [{"model": "transformer", "workers": 2, "rows": rows,
                            "compute_step_s": [0.1, 0.1]}]}
@@ -104,8 +104,9 @@ def test_cluster_summary_math():
     cells = [c.strip() for c in searched_line.strip("|").split("|")]
     assert cells[1] == "320"        # images/s
     assert cells[2] == "1.60"       # 320 / (2 x 100)
-    assert cells[3] == "2.00"       # 320 / 160 (layer-wise)
-    assert cells[4] == "3 groups [5, 9]"
+    assert cells[3] == "0.500"      # 320 / (2 x 32 / 0.1 s local compute)
+    assert cells[4] == "2.00"       # 320 / 160 (layer-wise)
+    assert cells[5] == "3 groups [5, 9]"
     assert "- a note" in text
 
 

@@ -16,7 +16,10 @@ Throughput = W x batch / median over measured steps of the slowest rank's
 step time. Scaling factor = W-worker throughput / (W x 1-worker fp32
 throughput). All ranks share this machine's cores, so per-rank compute time
 (plain local step, measured while the other ranks do the same) is reported
-next to it: where it grows with W the cluster is CPU-bound, not network-bound.
+next to it, and "vs local compute" = W-worker throughput / (W x batch /
+median local compute step of this run): the scaling factor with the CPU
+contention of this run factored out. The machine's load average before and
+after each run is recorded: other processes on the machine skew the numbers.
 """
 
 import json
@@ -29,7 +32,7 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 5, "warmup_steps": 2, "search_steps": 14, "search_max_groups": 2}
+         "steps": 5, "warmup_steps": 2, "search_steps": 16, "search_max_groups": 2}
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
@@ -80,7 +83,7 @@ def run_group(model, workers, configs, args, out_dir):
         "deadline": time.time() + timeout_s - 15,
         "result_path": os.path.join(run_dir, "rank{rank}.json"),
         "configs": configs,
-        "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 2,
+        "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 3,
                           "verbose": 0},
     }
     spec_path = os.path.join(run_dir, "spec.json")
@@ -88,6 +91,7 @@ def run_group(model, workers, configs, args, out_dir):
         json.dump(spec, f, indent=1)
     error = None
     started = time.time()
+    load_before = os.getloadavg()[0]
     with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster:
         try:
             launcher.run_ranks(cluster, ["-m", "tf_mergecomp.bench.worker", spec_path],
@@ -101,7 +105,7 @@ def run_group(model, workers, configs, args, out_dir):
             with open(path) as f:
                 outputs.append(json.load(f))
     return {"model": model, "workers": workers, "error": error, "wall_s": time.time() - started,
-            "ranks": outputs}
+            "load_average": [load_before, os.getloadavg()[0]], "ranks": outputs}
 
 
 def summarize(group):
@@ -158,6 +162,12 @@ def _partition_text(row):
     return "%d groups" % row["num_groups"]
 
 
+def _load_text(load):
+    if not load:
+        return "-"
+    return "%.1f -> %.1f on %d cores" % (load[0], load[1], os.cpu_count() or 0)
+
+
 def tables(summary):
     """Markdown: one table per (model, workers)."""
     parts = []
@@ -166,11 +176,16 @@ def tables(summary):
         model, workers = group["model"], group["workers"]
         one = single.get(model, {}).get("images_per_s")
         compute = group.get("compute_step_s") or []
+        # Throughput of W ranks computing without communication, under this run's contention.
+        local = (workers * summary.get("batch_size", 32) / report.median(compute)) if compute else None
         parts.append("### %s, %d workers, %s links\n" % (model, workers, summary["bandwidth"]))
-        parts.append("1-worker Horovod fp32: %s images/s (compute step %s s). Per-rank local compute "
-                     "step in this run: %s s.\n" % (
+        parts.append("1-worker Horovod fp32: %s images/s (local compute step %s s; machine load "
+                     "average %s). Per-rank local compute step in this run: %s s, so %s images/s "
+                     "for %d ranks without communication (load average %s).\n" % (
                          report.fmt(one), report.fmt(single.get(model, {}).get("compute_step_s")),
-                         ", ".join(report.fmt(c) for c in compute) or "-"))
+                         _load_text(single.get(model, {}).get("load_average")),
+                         ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
+                         workers, _load_text(group.get("load_average"))))
         layerwise = {r["config"].get("algorithm"): r.get("images_per_s")
                      for r in group["rows"] if r["config"].get("partition") == "layerwise"}
         rows = []
@@ -182,6 +197,7 @@ def tables(summary):
                 row["label"],
                 row.get("images_per_s"),
                 report.ratio(row.get("images_per_s"), workers * one if one else None),
+                report.ratio(row.get("images_per_s"), local),
                 speedup,
                 _partition_text(row),
                 row.get("step_s"),
@@ -189,7 +205,8 @@ def tables(summary):
                 row.get("error") or row.get("note") or "",
             ])
         parts.append(report.markdown_table(
-            ["config", "images/s", "scaling factor", "speedup vs layer-wise", "partition",
+            ["config", "images/s", "scaling factor", "vs local compute", "speedup vs layer-wise",
+             "partition",
              "step s (median)", "CPU util/rank", "notes"], rows))
         parts.append("")
     for line in summary.get("notes", []):
@@ -284,6 +301,7 @@ def _run_all(args, configs, summary, out_dir):
         single["batch_size"] = args.batch_size
         rows = summarize(single)
         entry = {"model": model, "error": single["error"], "images_per_s": None,
+                 "load_average": single["load_average"],
                  "compute_step_s": single["ranks"][0]["compute_step_s"] if single["ranks"] else None}
         if rows and rows[0].get("images_per_s"):
             entry["images_per_s"] = rows[0]["images_per_s"]
@@ -295,7 +313,7 @@ def _run_all(args, configs, summary, out_dir):
             rows = summarize(group)
             summary["groups"].append({
                 "model": model, "workers": workers, "error": group["error"],
-                "wall_s": group["wall_s"], "rows": rows,
+                "wall_s": group["wall_s"], "rows": rows, "load_average": group["load_average"],
                 "compute_step_s": [r["compute_step_s"] for r in group["ranks"]],
                 "gradient_tensors": group["ranks"][0]["gradient_tensors"] if group["ranks"] else None,
             })
