@@ -79,7 +79,7 @@ def run_group(model, workers, configs, args, out_dir):
         "warmup_steps": args.warmup_steps,
         "steps": args.steps,
         "search_steps": args.search_steps,
-        "compute_steps": 3,
+        "compute_steps": 5,
         "deadline": time.time() + timeout_s - 15,
         "result_path": os.path.join(run_dir, "rank{rank}.json"),
         "configs": configs,

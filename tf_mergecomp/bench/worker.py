@@ -175,15 +175,19 @@ def _jsonable(value):
 
 
 def _local_compute_time(model, dataset, spec, tf):
-    """Median step time of plain local training (no collectives) on this rank."""
+    """Median step time of plain local training (no collectives) on this rank.
+
+    The first steps after tracing run slower (allocator and kernel caches
+    warming up), so three are discarded.
+    """
     model.compile(
         optimizer=tf.keras.optimizers.SGD(learning_rate=0.0),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     timer = _make_step_timer()(spec["deadline"])
-    steps = spec.get("compute_steps", 3)
-    model.fit(dataset, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[timer])
-    times = sorted(timer.wall[i] - timer.wall[i - 1] for i in range(2, steps + 2))
+    warmup, steps = 3, spec.get("compute_steps", 5)
+    model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
+    times = sorted(timer.wall[i] - timer.wall[i - 1] for i in range(warmup + 1, warmup + steps + 1))
     return times[len(times) // 2]
 
 
