@@ -91,6 +91,25 @@ MERGECOMP_AVX2 inline __m256 SelectByBits8(uint32_t byte, __m256 hi, __m256 lo) 
       _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(byte)), lane_bits), lane_bits);
   return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(set));
 }
+
+// random.h's RandomUniform for the eight indices first .. first + 7, with the
+// same 32-bit integer arithmetic, so it returns the scalar function's values.
+MERGECOMP_AVX2 inline __m256i Mix32x8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(static_cast<int>(0x846ca68bu)));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+MERGECOMP_AVX2 inline __m256 RandomUniform8(SeedKey key, uint32_t first) {
+  const __m256i index = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)),
+                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256i bits = Mix32x8(_mm256_xor_si256(index, _mm256_set1_epi32(static_cast<int>(key.lo))));
+  bits = Mix32x8(_mm256_add_epi32(bits, _mm256_set1_epi32(static_cast<int>(key.hi))));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bits, 8)),
+                       _mm256_set1_ps(1.0f / 16777216.0f));
+}
 #endif
 
 inline void PackSignBits(const float* x, int64_t count, uint8_t* out) {

@@ -61,6 +61,56 @@ __attribute__((target_clones("avx2", "default"))) void QsgdCodes(
   }
 }
 
+#if MERGECOMP_X86
+// Eight codes, as QsgdCodes computes them (same roundings; min/and reproduce
+// its NaN handling: a NaN `rounded` fails the >= 1 test and gives level 0).
+MERGECOMP_AVX2 inline __m256i QsgdCodes8(const float* x, int64_t first, __m256 scale,
+                                         __m256 levels, SeedKey key) {
+  const __m256 v = _mm256_loadu_ps(x);
+  const __m256 magnitude = _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 rounded = _mm256_floor_ps(_mm256_add_ps(
+      _mm256_mul_ps(magnitude, scale), RandomUniform8(key, static_cast<uint32_t>(first))));
+  const __m256 level = _mm256_and_ps(_mm256_cmp_ps(rounded, _mm256_set1_ps(1.0f), _CMP_GE_OQ),
+                                     _mm256_min_ps(rounded, levels));
+  const __m256 plus = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLT_UQ);
+  return _mm256_cvttps_epi32(
+      _mm256_blendv_ps(_mm256_sub_ps(levels, level), _mm256_add_ps(levels, level), plus));
+}
+
+// 8-bit codes, 32 per iteration; the tail goes through the scalar loop.
+MERGECOMP_AVX2 void QsgdByteCodesAvx2(const float* x, int64_t first, int64_t count, float scale,
+                                      float levels, SeedKey key, uint8_t* codes) {
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  const __m256 levels8 = _mm256_set1_ps(levels);
+  // packs interleave the 128-bit lanes; this puts the dwords back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32) {
+    const __m256i c0 = QsgdCodes8(x + i, first + i, scale8, levels8, key);
+    const __m256i c1 = QsgdCodes8(x + i + 8, first + i + 8, scale8, levels8, key);
+    const __m256i c2 = QsgdCodes8(x + i + 16, first + i + 16, scale8, levels8, key);
+    const __m256i c3 = QsgdCodes8(x + i + 24, first + i + 24, scale8, levels8, key);
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1),
+                                              _mm256_packus_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+  if (i < count) QsgdCodes<uint8_t>(x + i, first + i, count - i, scale, levels, key, codes + i);
+}
+
+MERGECOMP_AVX2 void QsgdWideCodesAvx2(const float* x, int64_t first, int64_t count, float scale,
+                                      float levels, SeedKey key, uint32_t* codes) {
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  const __m256 levels8 = _mm256_set1_ps(levels);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + i),
+                        QsgdCodes8(x + i, first + i, scale8, levels8, key));
+  }
+  if (i < count) QsgdCodes<uint32_t>(x + i, first + i, count - i, scale, levels, key, codes + i);
+}
+#endif
+
 void PackCodes(const uint32_t* codes, int64_t count, int bits, uint8_t* out) {
   uint64_t pending = 0;
   int filled = 0;
@@ -122,7 +172,6 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
 #endif
     partial[block] = SumSquaresScalar(input + begin, count);
   });
-  (void)avx2;
   double sum_squares = 0.0;
   for (double p : partial) sum_squares += p;
   const float norm = static_cast<float>(std::sqrt(sum_squares));
@@ -138,6 +187,13 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
     if (bits == 8) {
+#if MERGECOMP_X86
+      if (avx2) {
+        QsgdByteCodesAvx2(input + begin, begin, end - begin, scale, levels_f, key,
+                          codes_out + begin);
+        return;
+      }
+#endif
       QsgdCodes<uint8_t>(input + begin, begin, end - begin, scale, levels_f, key,
                          codes_out + begin);
       return;
@@ -145,7 +201,15 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
     uint32_t codes[kChunk];
     for (int64_t first = begin; first < end; first += kChunk) {
       const int64_t count = std::min(kChunk, end - first);
+#if MERGECOMP_X86
+      if (avx2) {
+        QsgdWideCodesAvx2(input + first, first, count, scale, levels_f, key, codes);
+      } else {
+        QsgdCodes<uint32_t>(input + first, first, count, scale, levels_f, key, codes);
+      }
+#else
       QsgdCodes<uint32_t>(input + first, first, count, scale, levels_f, key, codes);
+#endif
       PackCodes(codes, count, bits, codes_out + first * bits / 8);
     }
   });

@@ -61,6 +61,43 @@ __attribute__((target_clones("avx2", "default"))) void TernaryCodes(
   }
 }
 
+#if MERGECOMP_X86
+// Bit j of the index moved to bit 2j: interleaves the "sent" and "negative"
+// masks of 8 elements into their 16 bits of 2-bit codes.
+struct SpreadTable {
+  uint16_t bits[256];
+  SpreadTable() {
+    for (uint32_t byte = 0; byte < 256; ++byte) {
+      uint32_t spread = 0;
+      for (int j = 0; j < 8; ++j) spread |= ((byte >> j) & 1u) << (2 * j);
+      bits[byte] = static_cast<uint16_t>(spread);
+    }
+  }
+};
+
+// Codes of elements [first, first + count), first a multiple of 8, written
+// from byte first / 4 of `packed`; the tail (count % 8) is left to the caller.
+MERGECOMP_AVX2 int64_t TernaryCodesAvx2(const float* x, int64_t first, int64_t count,
+                                        float max_abs, SeedKey key, uint8_t* packed) {
+  static const SpreadTable spread;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 max8 = _mm256_set1_ps(max_abs);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 probability = _mm256_div_ps(_mm256_and_ps(v, abs_mask), max8);
+    const __m256 sent = _mm256_cmp_ps(
+        RandomUniform8(key, static_cast<uint32_t>(first + i)), probability, _CMP_LT_OQ);
+    const __m256 negative = _mm256_andnot_ps(
+        _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLT_UQ), sent);
+    const uint16_t codes = static_cast<uint16_t>(
+        spread.bits[_mm256_movemask_ps(sent)] | spread.bits[_mm256_movemask_ps(negative)] << 1);
+    memcpy(packed + (first + i) / 4, &codes, sizeof(codes));
+  }
+  return i;
+}
+#endif
+
 __attribute__((target_clones("avx2", "default"))) void AccumulateTernary(
     const uint8_t* codes, int64_t count, float max_abs, bool first, float* out) {
   for (int64_t i = 0; i < count; ++i) {
@@ -93,7 +130,6 @@ void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
 #endif
     partial[block] = MaxAbsScalar(input + begin, count);
   });
-  (void)avx2;
   MaxAbs total;
   for (const MaxAbs& p : partial) {
     total.has_nan |= p.has_nan;
@@ -107,8 +143,12 @@ void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
   ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
+    int64_t done = 0;
+#if MERGECOMP_X86
+    if (avx2) done = TernaryCodesAvx2(input + begin, begin, end - begin, max_abs, key, packed);
+#endif
     uint8_t codes[kChunk];
-    for (int64_t first = begin; first < end; first += kChunk) {
+    for (int64_t first = begin + done; first < end; first += kChunk) {
       const int64_t count = std::min(kChunk, end - first);
       TernaryCodes(input + first, first, count, max_abs, key, codes);
       for (int64_t i = count; i < CeilDiv(count, 4) * 4; ++i) codes[i] = 0;
