@@ -28,7 +28,9 @@ def parse_args():
     parser.add_argument("--compressor", default="efsignsgd", choices=compressors.NAMES)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--learning-rate", type=float, default=0.02)
+    parser.add_argument("--learning-rate", type=float, default=0.1,
+                        help="per worker; scaled by the number of workers")
+    parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--no-search", action="store_true",
                         help="skip the partition search (2 balanced groups)")
     return parser.parse_args()
@@ -64,7 +66,8 @@ def main():
     model = build_model()
     compression = MergeComp(args.compressor)
     optimizer = hvd.DistributedOptimizer(
-        tf.keras.optimizers.SGD(args.learning_rate * hvd.size(), momentum=0.9), compression=compression)
+        tf.keras.optimizers.SGD(args.learning_rate * hvd.size(), momentum=args.momentum),
+        compression=compression)
     model.compile(optimizer,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
