@@ -25,9 +25,13 @@ def horovodrun_path():
 
 
 def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None):
-    """Runs tests/workers/<script> on ``np`` ranks; returns {rank: [result dicts]}, output."""
+    """Runs ``script`` on ``np`` ranks; returns {rank: [result dicts]}, output.
+
+    ``script`` is a file in tests/workers/, or a path relative to the repository.
+    """
+    path = WORKERS / script if "/" not in str(script) else REPO / script
     command = [horovodrun_path(), "-np", str(np), "--gloo", sys.executable,
-               str(WORKERS / script)] + [str(a) for a in args]
+               str(path)] + [str(a) for a in args]
     full_env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                     PYTHONUNBUFFERED="1")
     full_env.update(env or {})
