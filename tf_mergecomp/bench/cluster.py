@@ -248,12 +248,14 @@ def chart(summary, path):
             if match:
                 ax.axhline(match[0]["images_per_s"], color="black", linestyle=style,
                            label="Horovod " + label.split()[1])
+        tallest = max([r.get("images_per_s") or 0 for r in rows] + [1])
+        ax.set_ylim(0, tallest * 1.3)  # room for the legend above the bars
         ax.set_xticks(range(len(algorithms)))
         ax.set_xticklabels(algorithms)
         ax.set_ylabel("images/s")
         ax.set_title("%s, %d workers, %s links" % (group["model"], group["workers"],
                                                   summary["bandwidth"]))
-        ax.legend(fontsize=8, ncol=5)
+        ax.legend(fontsize=8, ncol=5, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
