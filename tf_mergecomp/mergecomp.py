@@ -52,10 +52,9 @@ _USER_SEED_SHIFT = 48
 class _Layout:
     """Shapes and dtypes of the gradient list, in backprop order."""
 
-    def __init__(self, shapes, dtypes, variable_names):
+    def __init__(self, shapes, dtypes):
         self.shapes = [tf.TensorShape(s) for s in shapes]
         self.dtypes = list(dtypes)
-        self.variable_names = list(variable_names)
         self.sizes = [s.num_elements() for s in self.shapes]
 
     def describe(self):
@@ -175,26 +174,24 @@ class MergeComp(tf.Module):
             )
         scale_by_size = op == hvd.Sum
 
-        def reduce_in_graph(grads, variables):
+        def reduce_in_graph(grads):
             communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
             with tf.device(device_dense or None):
-                return self._reduce(grads, variables, communicator, scale_by_size)
+                return self._reduce(grads, communicator, scale_by_size)
 
-        def allreduce_grads(grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's name)
-            del use_generic_names  # collectives are named by group, identically on every rank
+        def allreduce_grads(grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's names)
+            # Groups are formed from the gradients alone, and their collectives
+            # are named by group, identically on every rank.
+            del vars, use_generic_names
             grads = list(grads)
-            variables = list(vars) if vars is not None else None
             if not tf.executing_eagerly():
-                return reduce_in_graph(grads, variables)
+                return reduce_in_graph(grads)
             if self._eager_reduce is None:
                 # A new tf.function per partition version, so a changed
                 # partition is traced afresh.
                 self._eager_reduce = tf.function(reduce_in_graph)
             present = [i for i, g in enumerate(grads) if g is not None]
-            reduced = self._eager_reduce(
-                [grads[i] for i in present],
-                None if variables is None else [variables[i] for i in present],
-            )
+            reduced = self._eager_reduce([grads[i] for i in present])
             out = [None] * len(grads)
             for i, r in zip(present, reduced):
                 out[i] = r
@@ -202,16 +199,12 @@ class MergeComp(tf.Module):
 
         return allreduce_grads
 
-    def _reduce(self, grads, variables, communicator, scale_by_size):
+    def _reduce(self, grads, communicator, scale_by_size):
         present = [i for i, g in enumerate(grads) if g is not None]
         # Gradients of the last layers are ready first: reverse the list.
         order = present[::-1]
         dense = [_densify(grads[i]) for i in order]
-        names = [
-            variables[i].name if variables is not None and hasattr(variables[i], "name") else str(i)
-            for i in order
-        ]
-        self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense], names))
+        self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense]))
         splits = self.splits
         guards = consistency.check_ranks_agree(
             dict(self._layout.describe(), world_size=communicator.size, **self.describe()),
