@@ -57,7 +57,8 @@ def build_parser():
     clus.add_argument("--models", type=_csv(str), default=list(models.MODELS))
     clus.add_argument("--algorithms", type=_algorithms, default=list(cluster.DEFAULT_ALGORITHMS))
     clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
-    clus.add_argument("--warmup-steps", type=int, default=3, help="unmeasured steps (tracing) per config")
+    clus.add_argument("--warmup-steps", type=int, default=5,
+                      help="unmeasured steps per config (tracing, then Horovod and allocator warm-up)")
     clus.add_argument("--search-steps", type=int, default=30,
                       help="steps the partition search may use before measuring")
     clus.add_argument("--search-max-groups", type=int, default=3,
@@ -66,7 +67,7 @@ def build_parser():
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")
     clus.add_argument("--quick", action="store_true",
-                      help="transformer, 2 workers, efsignsgd and topk, 5 steps, a short "
+                      help="transformer, 2 workers, efsignsgd and topk, 8 steps, a short "
                            "2-group search (< 10 min)")
     clus.add_argument("--out", default="bench_results/cluster")
 

@@ -32,7 +32,7 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 5, "warmup_steps": 2, "search_steps": 16, "search_max_groups": 2}
+         "steps": 8, "warmup_steps": 5, "search_steps": 16, "search_max_groups": 2}
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
