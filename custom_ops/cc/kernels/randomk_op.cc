@@ -27,9 +27,8 @@ Status RandomkIndicesFunctor<CPUDevice>::operator()(OpKernelContext* context, in
   const SeedKey seed_key = MakeSeedKey(seed);
   auto key = [seed_key](int64_t i) { return RandomBits(seed_key, static_cast<uint32_t>(i)); };
   CpuBlockRunner run(context, sparse::MakeBlocks(n).size * 8);
-  const sparse::Selection selection = sparse::SelectLargest(n, k, key, run);
-  sparse::EmitSelected(
-      n, selection, key,
+  sparse::SelectAndEmitLargest(
+      n, k, key,
       [indices](int64_t i, int64_t position) { indices[position] = static_cast<int32_t>(i); },
       run);
   return tensorflow::OkStatus();

@@ -133,6 +133,89 @@ int64_t EmitSelected(int64_t n, Selection selection, KeyFn key, EmitFn emit, Run
   return start[blocks.count];
 }
 
+// SelectLargest followed by EmitSelected in three passes over the input
+// instead of five: after the first histogram pass, the elements in the bin
+// holding the k-th largest key (typically a small fraction) are copied out,
+// the remaining two digits are resolved on that copy, and the per-block counts
+// needed for in-order emission come from the first pass's histograms. Falls
+// back to the five-pass path when that bin holds a large part of the input.
+// Same result as SelectLargest + EmitSelected. Requires 0 < k <= n.
+template <typename KeyFn, typename EmitFn, typename Runner>
+void SelectAndEmitLargest(int64_t n, int64_t k, KeyFn key, EmitFn emit, Runner run) {
+  const Blocks blocks = MakeBlocks(n);
+  const int shift = kDigitShift[0];
+  const int bins = 1 << kDigitBits[0];
+  std::vector<uint32_t> histograms(static_cast<size_t>(blocks.count) * bins, 0u);
+  run(blocks.count, [&](int64_t b) {
+    uint32_t* hist = histograms.data() + b * bins;
+    for (int64_t i = blocks.begin(b), e = blocks.end(b); i < e; ++i) ++hist[key(i) >> shift];
+  });
+  uint32_t chosen = 0;
+  int64_t remaining = k;
+  int64_t in_bin = 0;
+  for (int bin = bins - 1; bin >= 0; --bin) {
+    int64_t count = 0;
+    for (int64_t b = 0; b < blocks.count; ++b) count += histograms[b * bins + bin];
+    if (count >= remaining) {
+      chosen = static_cast<uint32_t>(bin);
+      in_bin = count;
+      break;
+    }
+    remaining -= count;
+  }
+  if (in_bin > n / 4 + 4096) {
+    EmitSelected(n, SelectLargest(n, k, key, run), key, emit, run);
+    return;
+  }
+  std::vector<int64_t> candidate_start(blocks.count + 1, 0);
+  for (int64_t b = 0; b < blocks.count; ++b) {
+    candidate_start[b + 1] = candidate_start[b] + histograms[b * bins + chosen];
+  }
+  std::vector<uint32_t> candidate_keys(in_bin);
+  run(blocks.count, [&](int64_t b) {
+    int64_t position = candidate_start[b];
+    for (int64_t i = blocks.begin(b), e = blocks.end(b); i < e; ++i) {
+      const uint32_t kk = key(i);
+      if ((kk >> shift) == chosen) candidate_keys[position++] = kk;
+    }
+  });
+  auto candidate_key = [&candidate_keys](int64_t j) { return candidate_keys[j]; };
+  const Selection selection = SelectLargest(
+      in_bin, remaining, candidate_key, [](int64_t num_blocks, const auto& fn) {
+        for (int64_t b = 0; b < num_blocks; ++b) fn(b);
+      });
+  // Per block: keys above the chosen bin all exceed the threshold; within
+  // the bin, compare with it.
+  std::vector<int64_t> start(blocks.count + 1, 0), ties(blocks.count, 0);
+  int64_t ties_left = selection.ties;
+  for (int64_t b = 0; b < blocks.count; ++b) {
+    int64_t greater = 0, equal = 0;
+    for (uint32_t bin = chosen + 1; bin < static_cast<uint32_t>(bins); ++bin) {
+      greater += histograms[b * bins + bin];
+    }
+    for (int64_t j = candidate_start[b]; j < candidate_start[b + 1]; ++j) {
+      greater += candidate_keys[j] > selection.threshold;
+      equal += candidate_keys[j] == selection.threshold;
+    }
+    ties[b] = std::min(equal, ties_left);
+    ties_left -= ties[b];
+    start[b + 1] = start[b] + greater + ties[b];
+  }
+  run(blocks.count, [&](int64_t b) {
+    int64_t position = start[b];
+    int64_t ties_taken = 0;
+    for (int64_t i = blocks.begin(b), e = blocks.end(b); i < e; ++i) {
+      const uint32_t kk = key(i);
+      if (kk > selection.threshold) {
+        emit(i, position++);
+      } else if (kk == selection.threshold && ties_taken < ties[b]) {
+        ++ties_taken;
+        emit(i, position++);
+      }
+    }
+  });
+}
+
 // Little-endian payload of `k` slots: k float32 values, then k int32 indices.
 inline float* PayloadValues(uint8_t* payload) { return reinterpret_cast<float*>(payload); }
 inline int32_t* PayloadIndices(uint8_t* payload, int64_t k) {

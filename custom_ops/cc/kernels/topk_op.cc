@@ -24,11 +24,10 @@ Status TopkEncodeFunctor<CPUDevice>::operator()(OpKernelContext* context, const 
   if (k == 0) return tensorflow::OkStatus();
   CpuBlockRunner run(context, sparse::MakeBlocks(n).size * 4);
   auto key = [input](int64_t i) { return sparse::MagnitudeKey(input[i]); };
-  const sparse::Selection selection = sparse::SelectLargest(n, k, key, run);
   float* values = sparse::PayloadValues(payload);
   int32_t* indices = sparse::PayloadIndices(payload, k);
-  sparse::EmitSelected(
-      n, selection, key,
+  sparse::SelectAndEmitLargest(
+      n, k, key,
       [&](int64_t i, int64_t position) {
         values[position] = input[i];
         indices[position] = static_cast<int32_t>(i);
