@@ -39,20 +39,21 @@ import tensorflow as tf
 
 from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random, _sparse
-from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, check_ratio
+from tf_mergecomp.compressors.base import check_ratio
+from tf_mergecomp.compressors.topk import TopKCompressor
 
 MIN_SAMPLE = 1024
 REFINEMENTS = 3  # kDgcRefinements in custom_ops/cc/kernels/dgc_op.h
 
 
-class DGCCompressor(Compressor):
+class DGCCompressor(TopKCompressor):
+    """Topk's wire format, decode and combine; only the selection differs."""
+
     name = "dgc"
-    collective = ALLGATHER
     default_memory = "dgc"
 
     def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9, backend="op"):
-        super().__init__(backend)
-        self.ratio = check_ratio(ratio)
+        super().__init__(ratio, backend)
         if (isinstance(sample_ratio, bool) or not isinstance(sample_ratio, (int, float))
                 or not 0.0 < sample_ratio <= 1.0):
             raise ValueError("sample_ratio must be a number in (0, 1], got %r" % (sample_ratio,))
@@ -69,14 +70,8 @@ class DGCCompressor(Compressor):
     def default_memory_params(self):
         return {"momentum": self.momentum}
 
-    def k(self, n):
-        return _sparse.sparse_k(n, self.ratio)
-
     def sample_size(self, n):
         return max(MIN_SAMPLE, int(math.ceil(round(self.sample_ratio * n, 9))))
-
-    def payload_nbytes(self, n):
-        return 8 * self.k(n)
 
     def reference_threshold(self, values, seed):
         """Plain-TF threshold estimate for a float32 buffer.
@@ -116,31 +111,9 @@ class DGCCompressor(Compressor):
         slot_values = tf.where(valid, tf.gather(values, chosen), 0.0)
         return _sparse.pack(slot_values, indices)
 
-    def compress(self, flat, seed):
-        n = _sparse.static_length(flat)
-        k = self.k(n)
-        values = as_float32(flat)
-        seed = tf.cast(seed, tf.int64)
+    def _encode(self, values, seed, n, k):
         if k == 0:
-            payload = tf.zeros([0], tf.uint8)
-        elif self.backend == "op":
-            payload = load().mergecomp_dgc_encode(values, seed, k=k,
-                                                  sample_size=self.sample_size(n))
-        else:
-            payload = self._reference_encode(values, seed, n, k)
-        return payload, (n, k, flat.dtype)
-
-    def _decode(self, payloads, ctx):
-        n, k, dtype = ctx
+            return tf.zeros([0], tf.uint8)
         if self.backend == "op":
-            dense = load().mergecomp_sparse_scatter_mean(payloads, n=n, k=k)
-        else:
-            dense = _sparse.reference_scatter_mean(payloads, n, k)
-        return tf.cast(dense, dtype)
-
-    def decompress(self, payload, ctx):
-        return self._decode(payload, ctx)
-
-    def combine(self, collected, ctx, world_size):
-        _sparse.check_payload_length(collected, ctx[1], world_size)
-        return self._decode(collected, ctx)
+            return load().mergecomp_dgc_encode(values, seed, k=k, sample_size=self.sample_size(n))
+        return self._reference_encode(values, seed, n, k)

@@ -48,7 +48,9 @@ class TopKCompressor(Compressor):
     def payload_nbytes(self, n):
         return 8 * self.k(n)
 
-    def _encode(self, values, k):
+    def _encode(self, values, seed, n, k):
+        """float32[n] -> the 8k-byte payload (subclasses choose the k differently)."""
+        del seed, n  # exact top-k draws nothing
         if self.backend == "op":
             return load().mergecomp_topk_encode(values, k=k)
         indices = _sparse.reference_select_largest(_sparse.magnitude(values), k)
@@ -57,7 +59,7 @@ class TopKCompressor(Compressor):
     def compress(self, flat, seed):
         n = _sparse.static_length(flat)
         k = self.k(n)
-        payload = self._encode(as_float32(flat), k)
+        payload = self._encode(as_float32(flat), tf.cast(seed, tf.int64), n, k)
         return payload, (n, k, flat.dtype)
 
     def _decode(self, payloads, ctx):
