@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGN_CODECS = ("signsgd", "signum")
@@ -120,13 +121,20 @@ def worker_main(spec_path):
         try:
             results.append(_train_one(config, spec, data, hvd, hvd_tf, tf))
         except Exception as error:  # recorded; the same error happens on every rank
+            traceback.print_exc()
             results.append({"label": config["label"], "config": config, "ok": False,
-                            "error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:200])})
+                            "error": error_text(error)})
         if hvd.rank() == 0:
             with open(spec["result_path"], "w") as f:
                 json.dump({"size": hvd.size(), "results": results}, f, indent=1)
             print("[parity] %s: %s" % (config["label"], _brief(results[-1])), flush=True)
     return 0
+
+
+def error_text(error):
+    """The informative line of an exception (TF's start with 'in user code:')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "%s: %s" % (type(error).__name__, (lines[-1] if lines else "")[:200])
 
 
 def _brief(result):
@@ -152,12 +160,13 @@ def table(output, epochs):
         layerwise = by_label.get("%s layerwise" % algorithm, {})
         searched = by_label.get("%s searched" % algorithm, {})
         notes = [r.get("error") or r.get("note") for r in (layerwise, searched)]
-        identical = all(r.get("ranks_identical") for r in (layerwise, searched) if r.get("ok"))
+        finished = [r for r in (layerwise, searched) if r.get("ok")]
+        identical = ("yes" if all(r["ranks_identical"] for r in finished) else "NO") if finished else "-"
         partition = ("%d groups %s" % (searched["num_groups"], searched["splits"])
                      if searched.get("num_groups") else "-")
         rows.append([algorithm, layerwise.get("accuracy"), searched.get("accuracy"),
                      report.ratio(searched.get("accuracy"), fp32), partition,
-                     "; ".join(n for n in notes if n) or "", "yes" if identical else "NO"])
+                     "; ".join(n for n in notes if n) or "", identical])
     header = ("Digits CNN, %d workers, %d epochs, batch 32 per worker, plain SGD "
               "(lr %g x W; dgc %g x W, its memory adds momentum 0.9; %g x W for %s); "
               "test accuracy on 360 images.\n\n"

@@ -230,8 +230,10 @@ def main(argv=None):
             break
         except Exception as error:  # recorded per config; the launcher shows it
             traceback.print_exc()
+            from tf_mergecomp.bench.parity import error_text
+
             output["results"].append({"label": config["label"], "config": config, "ok": False,
-                                      "error": "%s: %s" % (type(error).__name__, error)})
+                                      "error": error_text(error)})
         with open(spec["result_path"].format(rank=rank), "w") as f:
             json.dump(output, f, indent=1)
     with open(spec["result_path"].format(rank=rank), "w") as f:
