@@ -116,7 +116,10 @@ class BuildTensorFlowOps(build_ext):
         if any(_newer(Path(o), output) for o in objects) or not output.exists():
             subprocess.run(link, check=True)
         info = {"tensorflow_version": tf_version, "cuda": build_cuda}
-        (output.parent / BUILD_INFO).write_text(json.dumps(info) + "\n")
+        # Atomic, so a process loading the library never reads a half-written file.
+        partial = output.parent / (BUILD_INFO + ".partial")
+        partial.write_text(json.dumps(info) + "\n")
+        os.replace(partial, output.parent / BUILD_INFO)
 
 
 setup(

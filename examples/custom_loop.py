@@ -71,6 +71,7 @@ def main():
         search.after_step(loss)
         if step % 50 == 0 and hvd.rank() == 0:
             print("step %d loss %.4f" % (step, float(loss)), flush=True)
+    search.finish()  # if training ended mid-search, keep the best partition measured
 
     accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
     accuracy.update_state(digits.target, model(digits.data / 16.0))

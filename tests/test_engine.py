@@ -35,7 +35,7 @@ def test_every_algorithm_trains_identically_on_two_ranks():
 
 
 def test_three_ranks():
-    results, _ = horovodrun.run("engine_algorithms.py", np=3, args=["signsgd,topk,qsgd"], timeout=300)
+    results, _ = horovodrun.run("engine_algorithms.py", np=3, args=["signsgd,topk"], timeout=300)
     _check_algorithm_results(results, 3)
 
 
