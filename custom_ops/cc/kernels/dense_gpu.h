@@ -75,6 +75,33 @@ __device__ __forceinline__ bool BitAt(const uint8_t* bits, int64_t i) {
 
 inline int ErrorCode() { return static_cast<int>(cudaGetLastError()); }
 
+// Launches `kernel(args...)` on GridFor(work_items) blocks of kThreads threads
+// on `stream` (a cudaStream_t) and returns ErrorCode(); returns 0 without
+// launching when there is no work.
+template <typename... Params, typename... Args>
+inline int LaunchOver(int64_t work_items, void* stream, void (*kernel)(Params...),
+                      Args... args) {
+  if (work_items == 0) return 0;
+  kernel<<<GridFor(work_items), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args...);
+  return ErrorCode();
+}
+
+// Encoders of a sign-bit payload with a reduced header: `pack(input, n,
+// payload, partials)` runs one thread per payload byte on ReduceGridFor
+// blocks, writing the bits and one partial per block to `scratch`; then one
+// block runs `header(partials, blocks, n, payload)`.
+inline int LaunchPackThenHeader(void (*pack)(const float*, int64_t, uint8_t*, double*),
+                                void (*header)(const double*, int, int64_t, uint8_t*),
+                                const float* input, int64_t n, uint8_t* payload, void* scratch,
+                                void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  double* partials = static_cast<double*>(scratch);
+  const int grid = ReduceGridFor((n + 7) / 8);
+  pack<<<grid, kThreads, 0, s>>>(input, n, payload, partials);
+  header<<<1, kThreads, 0, s>>>(partials, grid, n, payload);
+  return ErrorCode();
+}
+
 }  // namespace gpu
 }  // namespace tf_mergecomp
 

@@ -24,49 +24,37 @@ __global__ void FromHalfKernel(const uint16_t* input, int64_t n, float* output) 
 }  // namespace
 }  // namespace tf_mergecomp
 
-using tf_mergecomp::gpu::GridFor;
-using tf_mergecomp::gpu::kThreads;
-
 extern "C" int mergecomp_fp16_encode_gpu(const float* input, int64_t n, uint16_t* output,
                                          void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::ToHalfKernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      input, n, output);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::ToHalfKernel, input, n, output);
 }
 
 extern "C" int mergecomp_fp16_decode_gpu(const uint16_t* input, int64_t n, float* output,
                                          void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::FromHalfKernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      input, n, output);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::FromHalfKernel, input, n, output);
 }
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
+#include "cc/kernels/dense_gpu_op.h"
 #include "cc/kernels/fp16_op.h"
 
 namespace tf_mergecomp {
 
-using GPUDevice = Eigen::GpuDevice;
-
 template <>
 void Fp16EncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                               const float* input, int64_t n, uint16_t* output) {
-  const int error =
-      mergecomp_fp16_encode_gpu(input, n, output, context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("fp16 encode: ", cudaGetErrorString(cudaError_t(error))));
+  gpu::RunLauncher(context, "fp16 encode", [&](void* stream) {
+    return mergecomp_fp16_encode_gpu(input, n, output, stream);
+  });
 }
 
 template <>
 void Fp16DecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                               const uint16_t* input, int64_t n, float* output) {
-  const int error =
-      mergecomp_fp16_decode_gpu(input, n, output, context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("fp16 decode: ", cudaGetErrorString(cudaError_t(error))));
+  gpu::RunLauncher(context, "fp16 decode", [&](void* stream) {
+    return mergecomp_fp16_decode_gpu(input, n, output, stream);
+  });
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_GPU),

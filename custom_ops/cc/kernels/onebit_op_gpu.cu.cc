@@ -65,57 +65,42 @@ __global__ void OnebitDecodeKernel(const uint8_t* payload, int64_t world_size, i
 }  // namespace
 }  // namespace tf_mergecomp
 
-using tf_mergecomp::gpu::GridFor;
-using tf_mergecomp::gpu::kThreads;
-
 extern "C" int mergecomp_onebit_encode_gpu(const float* input, int64_t n, uint8_t* payload,
                                            void* scratch, void* stream) {
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  double* partials = static_cast<double*>(scratch);
-  const int grid = tf_mergecomp::gpu::ReduceGridFor((n + 7) / 8);
-  tf_mergecomp::OnebitPackKernel<<<grid, kThreads, 0, s>>>(input, n, payload, partials);
-  tf_mergecomp::OnebitHeaderKernel<<<1, kThreads, 0, s>>>(partials, grid, n, payload);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchPackThenHeader(tf_mergecomp::OnebitPackKernel,
+                                                 tf_mergecomp::OnebitHeaderKernel, input, n,
+                                                 payload, scratch, stream);
 }
 
-extern "C" int mergecomp_onebit_decode_gpu(const uint8_t* payload, int64_t world_size, int64_t n,
-                                           float* output, void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::OnebitDecodeKernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      payload, world_size, n, output);
-  return tf_mergecomp::gpu::ErrorCode();
+extern "C" int mergecomp_onebit_decode_gpu(const uint8_t* payload, int64_t world_size,
+                                           int64_t n, float* output, void* stream) {
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::OnebitDecodeKernel, payload,
+                                       world_size, n, output);
 }
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
+#include "cc/kernels/dense_gpu_op.h"
 #include "cc/kernels/onebit_op.h"
 
 namespace tf_mergecomp {
 
-using GPUDevice = Eigen::GpuDevice;
-
 template <>
 void OnebitEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const float* input, int64_t n, int64_t seed,
-                                           int64_t levels, uint8_t* payload) {
-  tensorflow::Tensor scratch;
-  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
-                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
-                                                 &scratch));
-  const int error = mergecomp_onebit_encode_gpu(input, n, payload, scratch.flat<uint8_t>().data(),
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("onebit encode: ", cudaGetErrorString(cudaError_t(error))));
+                                                const float* input, int64_t n, int64_t, int64_t,
+                                                uint8_t* payload) {
+  gpu::RunLauncherWithScratch(context, "onebit encode", [&](void* scratch, void* stream) {
+    return mergecomp_onebit_encode_gpu(input, n, payload, scratch, stream);
+  });
 }
 
 template <>
 void OnebitDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const uint8_t* payload, int64_t world_size, int64_t n,
-                                           int64_t levels, float* output) {
-  const int error = mergecomp_onebit_decode_gpu(payload, world_size, n, output,
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("onebit decode: ", cudaGetErrorString(cudaError_t(error))));
+                                                const uint8_t* payload, int64_t world_size,
+                                                int64_t n, int64_t, float* output) {
+  gpu::RunLauncher(context, "onebit decode", [&](void* stream) {
+    return mergecomp_onebit_decode_gpu(payload, world_size, n, output, stream);
+  });
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_GPU),

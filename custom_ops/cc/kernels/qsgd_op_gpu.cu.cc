@@ -130,41 +130,34 @@ extern "C" int mergecomp_qsgd_decode_gpu(const uint8_t* payload, int64_t world_s
   if (n == 0) return 0;
   const int bits = tf_mergecomp::QsgdCodeBits(levels);
   const int64_t row_bytes = tf_mergecomp::kQsgdHeaderBytes + (n * bits + 7) / 8;
-  tf_mergecomp::QsgdDecodeKernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      payload, world_size, n, static_cast<int32_t>(levels), bits, row_bytes, output);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::QsgdDecodeKernel, payload,
+                                       world_size, n, static_cast<int32_t>(levels), bits,
+                                       row_bytes, output);
 }
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
+#include "cc/kernels/dense_gpu_op.h"
 #include "cc/kernels/qsgd_op.h"
 
 namespace tf_mergecomp {
 
-using GPUDevice = Eigen::GpuDevice;
-
 template <>
 void QsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const float* input, int64_t n, int64_t seed,
-                                           int64_t levels, uint8_t* payload) {
-  tensorflow::Tensor scratch;
-  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
-                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
-                                                 &scratch));
-  const int error = mergecomp_qsgd_encode_gpu(input, n, seed, levels, payload, scratch.flat<uint8_t>().data(),
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("qsgd encode: ", cudaGetErrorString(cudaError_t(error))));
+                                              const float* input, int64_t n, int64_t seed,
+                                              int64_t levels, uint8_t* payload) {
+  gpu::RunLauncherWithScratch(context, "qsgd encode", [&](void* scratch, void* stream) {
+    return mergecomp_qsgd_encode_gpu(input, n, seed, levels, payload, scratch, stream);
+  });
 }
 
 template <>
 void QsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const uint8_t* payload, int64_t world_size, int64_t n,
-                                           int64_t levels, float* output) {
-  const int error = mergecomp_qsgd_decode_gpu(payload, world_size, n, levels, output,
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("qsgd decode: ", cudaGetErrorString(cudaError_t(error))));
+                                              const uint8_t* payload, int64_t world_size,
+                                              int64_t n, int64_t levels, float* output) {
+  gpu::RunLauncher(context, "qsgd decode", [&](void* stream) {
+    return mergecomp_qsgd_decode_gpu(payload, world_size, n, levels, output, stream);
+  });
 }
 
 // The seed is read on the host, when the kernels are launched.

@@ -28,54 +28,41 @@ __global__ void MajorityVoteKernel(const uint8_t* payload, int64_t world_size, i
 }  // namespace
 }  // namespace tf_mergecomp
 
-using tf_mergecomp::gpu::GridFor;
-using tf_mergecomp::gpu::kThreads;
-
 extern "C" int mergecomp_signsgd_encode_gpu(const float* input, int64_t n, uint8_t* payload,
                                             void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::SignBitsKernel<<<GridFor((n + 7) / 8), kThreads, 0,
-                                 static_cast<cudaStream_t>(stream)>>>(input, n, payload);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver((n + 7) / 8, stream, tf_mergecomp::SignBitsKernel, input,
+                                       n, payload);
 }
 
 extern "C" int mergecomp_signsgd_decode_gpu(const uint8_t* payload, int64_t world_size,
                                             int64_t n, float* output, void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::MajorityVoteKernel<<<GridFor(n), kThreads, 0,
-                                     static_cast<cudaStream_t>(stream)>>>(payload, world_size, n,
-                                                                          output);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::MajorityVoteKernel, payload,
+                                       world_size, n, output);
 }
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
+#include "cc/kernels/dense_gpu_op.h"
 #include "cc/kernels/signsgd_op.h"
 
 namespace tf_mergecomp {
-
-using GPUDevice = Eigen::GpuDevice;
 
 template <>
 void SignsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                                  const float* input, int64_t n, int64_t, int64_t,
                                                  uint8_t* payload) {
-  const int error = mergecomp_signsgd_encode_gpu(input, n, payload,
-                                                 context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("signsgd encode: ",
-                                           cudaGetErrorString(cudaError_t(error))));
+  gpu::RunLauncher(context, "signsgd encode", [&](void* stream) {
+    return mergecomp_signsgd_encode_gpu(input, n, payload, stream);
+  });
 }
 
 template <>
 void SignsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                                  const uint8_t* payload, int64_t world_size,
                                                  int64_t n, int64_t, float* output) {
-  const int error = mergecomp_signsgd_decode_gpu(payload, world_size, n, output,
-                                                 context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("signsgd decode: ",
-                                           cudaGetErrorString(cudaError_t(error))));
+  gpu::RunLauncher(context, "signsgd decode", [&](void* stream) {
+    return mergecomp_signsgd_decode_gpu(payload, world_size, n, output, stream);
+  });
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE_GPU),

@@ -102,43 +102,33 @@ extern "C" int mergecomp_terngrad_encode_gpu(const float* input, int64_t n, int6
 
 extern "C" int mergecomp_terngrad_decode_gpu(const uint8_t* payload, int64_t world_size,
                                              int64_t n, float* output, void* stream) {
-  if (n == 0) return 0;
-  tf_mergecomp::TerngradDecodeKernel<<<GridFor(n), kThreads, 0,
-                                       static_cast<cudaStream_t>(stream)>>>(payload, world_size, n,
-                                                                            output);
-  return tf_mergecomp::gpu::ErrorCode();
+  return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::TerngradDecodeKernel, payload,
+                                       world_size, n, output);
 }
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
+#include "cc/kernels/dense_gpu_op.h"
 #include "cc/kernels/terngrad_op.h"
 
 namespace tf_mergecomp {
 
-using GPUDevice = Eigen::GpuDevice;
-
 template <>
 void TerngradEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const float* input, int64_t n, int64_t seed,
-                                           int64_t levels, uint8_t* payload) {
-  tensorflow::Tensor scratch;
-  OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
-                                                 tensorflow::TensorShape({gpu::kScratchBytes}),
-                                                 &scratch));
-  const int error = mergecomp_terngrad_encode_gpu(input, n, seed, payload, scratch.flat<uint8_t>().data(),
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("terngrad encode: ", cudaGetErrorString(cudaError_t(error))));
+                                                  const float* input, int64_t n, int64_t seed,
+                                                  int64_t, uint8_t* payload) {
+  gpu::RunLauncherWithScratch(context, "terngrad encode", [&](void* scratch, void* stream) {
+    return mergecomp_terngrad_encode_gpu(input, n, seed, payload, scratch, stream);
+  });
 }
 
 template <>
 void TerngradDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const uint8_t* payload, int64_t world_size, int64_t n,
-                                           int64_t levels, float* output) {
-  const int error = mergecomp_terngrad_decode_gpu(payload, world_size, n, output,
-                                           context->eigen_device<GPUDevice>().stream());
-  OP_REQUIRES(context, error == 0,
-              tensorflow::errors::Internal("terngrad decode: ", cudaGetErrorString(cudaError_t(error))));
+                                                  const uint8_t* payload, int64_t world_size,
+                                                  int64_t n, int64_t, float* output) {
+  gpu::RunLauncher(context, "terngrad decode", [&](void* stream) {
+    return mergecomp_terngrad_decode_gpu(payload, world_size, n, output, stream);
+  });
 }
 
 // The seed is read on the host, when the kernels are launched.
