@@ -5,6 +5,7 @@
 #ifndef TF_MERGECOMP_DENSE_CPU_H_
 #define TF_MERGECOMP_DENSE_CPU_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -16,6 +17,11 @@
 #include <immintrin.h>
 #define MERGECOMP_X86 1
 #define MERGECOMP_AVX2 __attribute__((target("avx2")))
+// The AVX2 variant of a function where the CPU has AVX2, else the scalar one
+// (the AVX2 name is not evaluated off x86).
+#define MERGECOMP_AVX2_OR_SCALAR(avx2_fn, scalar_fn) (CpuHasAvx2() ? &avx2_fn : &scalar_fn)
+#else
+#define MERGECOMP_AVX2_OR_SCALAR(avx2_fn, scalar_fn) (&scalar_fn)
 #endif
 
 namespace tf_mergecomp {
@@ -50,6 +56,20 @@ inline void ForEachBlock(tensorflow::OpKernelContext* context, int64_t num_block
   pool->ParallelFor(num_blocks, cost_per_block, [&fn](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) fn(block);
   });
+}
+
+// Calls reduce(begin, count) for every block [begin, begin + count) of
+// [0, n), sharded as ForEachBlock does, and returns the per-block results in
+// block order (for the caller to combine in that order).
+template <typename T, typename Reduce>
+std::vector<T> ReduceBlocks(tensorflow::OpKernelContext* context, int64_t n,
+                            int64_t cost_per_block, const Reduce& reduce) {
+  std::vector<T> partial(NumBlocks(n));
+  ForEachBlock(context, NumBlocks(n), cost_per_block, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    partial[block] = reduce(begin, std::min(kBlockElements, n - begin));
+  });
+  return partial;
 }
 
 // Packs IsNonNegative(x[i]) for i in [0, count) into ceil(count / 8) bytes.

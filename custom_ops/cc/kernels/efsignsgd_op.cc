@@ -45,21 +45,11 @@ template <>
 void EfsignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                                    const float* input, int64_t n, int64_t,
                                                    int64_t, uint8_t* payload) {
-  const bool avx2 = CpuHasAvx2();
-  std::vector<double> partial(NumBlocks(n), 0.0);
+  const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumAbsAvx2, PackAndSumAbsScalar);
   uint8_t* bits = payload + kEfsignsgdHeaderBytes;
-  ForEachBlock(context, NumBlocks(n), 2 * kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    const int64_t count = std::min(kBlockElements, n - begin);
-#if MERGECOMP_X86
-    if (avx2) {
-      partial[block] = PackAndSumAbsAvx2(input + begin, count, bits + begin / 8);
-      return;
-    }
-#endif
-    partial[block] = PackAndSumAbsScalar(input + begin, count, bits + begin / 8);
-  });
-  (void)avx2;
+  const std::vector<double> partial = ReduceBlocks<double>(
+      context, n, 2 * kBlockElements,
+      [&](int64_t begin, int64_t count) { return pack(input + begin, count, bits + begin / 8); });
   double sum = 0.0;
   for (double p : partial) sum += p;
   StoreFloat(payload, n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);

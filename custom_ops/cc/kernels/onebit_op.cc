@@ -75,21 +75,11 @@ template <>
 void OnebitEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                                 const float* input, int64_t n, int64_t, int64_t,
                                                 uint8_t* payload) {
-  const bool avx2 = CpuHasAvx2();
-  std::vector<SideSums> partial(NumBlocks(n));
+  const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumSidesAvx2, PackAndSumSidesScalar);
   uint8_t* bits = payload + kOnebitHeaderBytes;
-  ForEachBlock(context, NumBlocks(n), 3 * kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    const int64_t count = std::min(kBlockElements, n - begin);
-#if MERGECOMP_X86
-    if (avx2) {
-      partial[block] = PackAndSumSidesAvx2(input + begin, count, bits + begin / 8);
-      return;
-    }
-#endif
-    partial[block] = PackAndSumSidesScalar(input + begin, count, bits + begin / 8);
-  });
-  (void)avx2;
+  const std::vector<SideSums> partial = ReduceBlocks<SideSums>(
+      context, n, 3 * kBlockElements,
+      [&](int64_t begin, int64_t count) { return pack(input + begin, count, bits + begin / 8); });
   SideSums total;
   for (const SideSums& p : partial) {
     total.positive += p.positive;

@@ -160,18 +160,10 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
                                               int64_t levels, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
   const int64_t num_blocks = NumBlocks(n);
-  std::vector<double> partial(num_blocks, 0.0);
-  ForEachBlock(context, num_blocks, kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    const int64_t count = std::min(kBlockElements, n - begin);
-#if MERGECOMP_X86
-    if (avx2) {
-      partial[block] = SumSquaresAvx2(input + begin, count);
-      return;
-    }
-#endif
-    partial[block] = SumSquaresScalar(input + begin, count);
-  });
+  const auto sum_squares_of = MERGECOMP_AVX2_OR_SCALAR(SumSquaresAvx2, SumSquaresScalar);
+  const std::vector<double> partial = ReduceBlocks<double>(
+      context, n, kBlockElements,
+      [&](int64_t begin, int64_t count) { return sum_squares_of(input + begin, count); });
   double sum_squares = 0.0;
   for (double p : partial) sum_squares += p;
   const float norm = static_cast<float>(std::sqrt(sum_squares));

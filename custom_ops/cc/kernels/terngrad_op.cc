@@ -118,18 +118,10 @@ void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
                                                   int64_t, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
   const int64_t num_blocks = NumBlocks(n);
-  std::vector<MaxAbs> partial(num_blocks);
-  ForEachBlock(context, num_blocks, kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    const int64_t count = std::min(kBlockElements, n - begin);
-#if MERGECOMP_X86
-    if (avx2) {
-      partial[block] = MaxAbsAvx2(input + begin, count);
-      return;
-    }
-#endif
-    partial[block] = MaxAbsScalar(input + begin, count);
-  });
+  const auto max_abs_of = MERGECOMP_AVX2_OR_SCALAR(MaxAbsAvx2, MaxAbsScalar);
+  const std::vector<MaxAbs> partial = ReduceBlocks<MaxAbs>(
+      context, n, kBlockElements,
+      [&](int64_t begin, int64_t count) { return max_abs_of(input + begin, count); });
   MaxAbs total;
   for (const MaxAbs& p : partial) {
     total.has_nan |= p.has_nan;
