@@ -21,7 +21,7 @@ LARGE = 70001
 
 
 def wire_bytes(name, n, levels=64):
-    """The documented wire sizes (ALGORITHMS.md)."""
+    """The wire sizes each codec's docstring documents."""
     bits = math.ceil(math.log2(2 * levels + 1))
     return {
         "none": 4 * n,

@@ -16,7 +16,7 @@ Throughput is input float32 bytes (4n) / seconds: median of repeats after
 warmup calls, at most ``budget_s`` per measurement. The physical limit is the
 machine's copy bandwidth in the same run (``numpy.copyto`` of a 25M float32
 array: 100 MB read + 100 MB written, reported as 100 MB / seconds, so the same
-units). Targets (issue 3), at n = 25M:
+units). Targets, at n = 25M:
 elementwise codecs (fp16, signsgd, signum, onebit, efsignsgd, terngrad,
 qsgd): op >= 10x reference and >= 0.5x copy bandwidth; topk and dgc at
 ratio 0.01: op encode >= 5x faster than ``tf.math.top_k`` of |x|.

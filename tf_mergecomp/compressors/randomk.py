@@ -15,7 +15,7 @@ k-subset, the same for the op (CPU or CUDA) and the plain-TF reference
 Decode (decompress and combine): scatter the (averaged) values into zeros.
 With scale=True they are multiplied by n / k first, which makes the decoded
 vector an unbiased estimate of g (E[decode] = g over seeds). With scale=False
-(the default, and ALGORITHMS.md's "scatter, mean") the decode is the plain
+(the default: "scatter, then mean over workers") the decode is the plain
 projection onto the chosen positions. Error feedback must use scale=False:
 the residual memory then keeps exactly the entries that were not sent
 (e = g - g_S); with scale=True the residual would subtract (n/k) g_S and grow.
