@@ -39,13 +39,18 @@ def test_three_ranks():
     _check_algorithm_results(results, 3)
 
 
-def test_embedding_unused_variable_and_batch_norm_train_under_fit():
+def test_embedding_unused_variable_batch_norm_and_aggregation_train_under_fit():
     results, _ = horovodrun.run("engine_special_gradients.py", np=2)
-    (r0,), (r1,) = results[0], results[1]
+    (r0, a0), (r1, a1) = results[0], results[1]
     assert r0["checksum"] == r1["checksum"]
     assert r0["losses"][-1] < r0["losses"][0]
     # The unused variable's None gradient is left out of the groups.
     assert r0["tensors"] == r0["trainable"] - 1
+    # backward_passes_per_step=2: one reduction every second batch.
+    assert a0["checksum"] == a1["checksum"]
+    assert a0["losses"][-1] < a0["losses"][0]
+    assert a0["reductions"] * 2 == a0["batches"]
+    assert a0["collectives"] == a0["reductions"] * a0["groups"]
 
 
 def test_rank_with_a_different_model_fails_fast_on_every_rank():

@@ -43,3 +43,18 @@ history = model.fit(x, y, batch_size=32, epochs=6, verbose=0,
                     callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 report(checksum=weights_checksum(model), losses=history.history["loss"],
        tensors=mc.num_tensors, trainable=len(model.trainable_variables), groups=mc.num_groups)
+
+# Horovod's backward_passes_per_step: local aggregation, then one MergeComp
+# reduction (one collective per group) every second batch.
+from tests.workers.common import classification_data, small_classifier  # noqa: E402
+
+model = small_classifier()
+x, y = classification_data(hvd.rank(), n=128)
+mc = MergeComp("topk", ratio=0.3, partitions=2)
+model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=mc,
+                                       backward_passes_per_step=2),
+              loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+history = model.fit(x, y, batch_size=16, epochs=3, verbose=0)
+report(aggregated=True, checksum=weights_checksum(model), losses=history.history["loss"],
+       batches=3 * 128 // 16, reductions=int(mc.step.numpy()),
+       collectives=int(mc.collectives_executed.numpy()), groups=mc.num_groups)
