@@ -115,11 +115,15 @@ class BuildTensorFlowOps(build_ext):
             link += ["-L" + str(cuda_lib), "-lcudart"]
         if any(_newer(Path(o), output) for o in objects) or not output.exists():
             subprocess.run(link, check=True)
-        info = {"tensorflow_version": tf_version, "cuda": build_cuda}
-        # Atomic, so a process loading the library never reads a half-written file.
-        partial = output.parent / (BUILD_INFO + ".partial")
-        partial.write_text(json.dumps(info) + "\n")
-        os.replace(partial, output.parent / BUILD_INFO)
+        info = json.dumps({"tensorflow_version": tf_version, "cuda": build_cuda}) + "\n"
+        # With --inplace (and editable installs) setuptools builds under build/
+        # and copies only the library into the package: write the build info
+        # beside both.
+        for directory in {output.parent, ROOT / "tf_mergecomp"}:
+            # Atomic, so a process loading the library never reads a half-written file.
+            partial = directory / (BUILD_INFO + ".partial")
+            partial.write_text(info)
+            os.replace(partial, directory / BUILD_INFO)
 
 
 setup(
