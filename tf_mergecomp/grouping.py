@@ -9,8 +9,6 @@ tensors ``order[bounds[g]:bounds[g + 1]]`` with bounds = (0, *splits, N).
 
 import numbers
 
-import tensorflow as tf
-
 LAYERWISE = "layerwise"
 
 
@@ -50,7 +48,7 @@ def resolve_splits(spec, sizes):
     if spec is None:
         return balanced_splits(sizes, min(2, max(n, 1)))
     if spec == LAYERWISE:
-        return tuple(range(1, n))
+        return layerwise_splits(n)
     if isinstance(spec, int):
         if spec > max(n, 1):
             raise ValueError("partitions=%d asks for more groups than the %d gradient tensors" % (spec, n))
@@ -60,6 +58,11 @@ def resolve_splits(spec, sizes):
             "split indices must be < the number of gradient tensors (%d), got %r" % (n, spec)
         )
     return spec
+
+
+def layerwise_splits(n):
+    """One group per tensor."""
+    return tuple(range(1, n))
 
 
 def balanced_splits(sizes, groups):
@@ -92,14 +95,21 @@ def group_bounds(splits, n):
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def flatten(tensors, dtype=tf.float32):
-    """Concatenates tensors into one flat buffer of ``dtype``."""
+def flatten(tensors, dtype=None):
+    """Concatenates tensors into one flat buffer of ``dtype`` (float32 by default)."""
+    # TensorFlow is imported here, not at the top, so that the partition
+    # arithmetic above stays framework-free for the partition search.
+    import tensorflow as tf
+
+    dtype = tf.float32 if dtype is None else dtype
     flats = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors]
     return flats[0] if len(flats) == 1 else tf.concat(flats, axis=0)
 
 
 def unflatten(flat, shapes, dtypes):
     """Inverse of ``flatten``: splits and reshapes, casting back to each dtype."""
+    import tensorflow as tf
+
     sizes = [shape.num_elements() for shape in shapes]
     parts = [flat] if len(sizes) == 1 else tf.split(flat, sizes)
     return [tf.cast(tf.reshape(p, shape), dtype) for p, shape, dtype in zip(parts, shapes, dtypes)]

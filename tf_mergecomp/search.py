@@ -78,6 +78,8 @@ import bisect
 import math
 import numbers
 
+from tf_mergecomp.grouping import layerwise_splits
+
 GOLDEN_FRACTION = (3.0 - math.sqrt(5.0)) / 2.0  # 0.381966...: the golden-section probe
 
 
@@ -90,15 +92,6 @@ def robust_seconds(step_seconds):
     if len(values) % 2:
         return values[middle]
     return 0.5 * (values[middle - 1] + values[middle])
-
-
-def layerwise_splits(n):
-    return tuple(range(1, n))
-
-
-def group_bounds(splits, n):
-    bounds = (0,) + tuple(splits) + (n,)
-    return list(zip(bounds[:-1], bounds[1:]))
 
 
 class _StageBudgetExhausted(Exception):

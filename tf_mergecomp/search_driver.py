@@ -31,6 +31,7 @@ import time
 
 import tensorflow as tf
 
+from tf_mergecomp import grouping
 from tf_mergecomp import search as search_core
 
 FILE_FORMAT = "tf_mergecomp.partition_search/1"
@@ -217,7 +218,7 @@ class PartitionSearch:
         extra = []
         if () in measured:
             extra.append("1 group %.2f ms" % (1e3 * measured[()]))
-        layerwise = search_core.layerwise_splits(n)
+        layerwise = grouping.layerwise_splits(n)
         if n > 1 and layerwise in measured:
             extra.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
         self._log("best partition: %s, %.2f ms/step (%s); %d candidates in %d steps" % (
