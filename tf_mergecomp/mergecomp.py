@@ -203,6 +203,8 @@ class MergeComp(tf.Module):
         present = [i for i, g in enumerate(grads) if g is not None]
         # Gradients of the last layers are ready first: reverse the list.
         order = present[::-1]
+        if not order:
+            return list(grads)
         dense = [_densify(grads[i]) for i in order]
         self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense]))
         splits = self.splits
