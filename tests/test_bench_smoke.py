@@ -85,10 +85,12 @@ def test_cluster_summary_math():
                      "num_groups": 3, "splits": [5, 9]}, **extra)
 
     ranks = [
-        {"compute_step_s": 0.1, "results": [result("topk layerwise", "layerwise", [0.4, 0.4, 0.4]),
-                                            result("topk searched", "searched", [0.2, 0.2, 0.2])]},
-        {"compute_step_s": 0.1, "results": [result("topk layerwise", "layerwise", [0.4, 0.5, 0.4]),
-                                            result("topk searched", "searched", [0.1, 0.25, 0.2])]},
+        {"compute_step_s": 0.1, "results": [
+            result("topk layerwise", "layerwise", [0.4, 0.4, 0.4], exchange_times_s=[0.1, 0.1, 0.1]),
+            result("topk searched", "searched", [0.2, 0.2, 0.2], exchange_times_s=[0.02, 0.03, 0.02])]},
+        {"compute_step_s": 0.1, "results": [
+            result("topk layerwise", "layerwise", [0.4, 0.5, 0.4], exchange_times_s=[0.12, 0.1, 0.1]),
+            result("topk searched", "searched", [0.1, 0.25, 0.2], exchange_times_s=[0.025, 0.02, 0.02])]},
     ]
     rows = cluster.summarize({"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32})
     by_label = {r["label"]: r for r in rows}
@@ -107,7 +109,27 @@ def test_cluster_summary_math():
     assert cells[3] == "0.500"      # 320 / (2 x 32 / 0.1 s local compute)
     assert cells[4] == "2.00"       # 320 / 160 (layer-wise)
     assert cells[5] == "3 groups [5, 9]"
+    assert cells[7] == "25.0"       # ms: median of the slowest rank's exchanges (25, 30, 20)
+    assert cells[8] == "4.00"       # 100 ms (layer-wise) / 25 ms
     assert "- a note" in text
+    # topk is not held to the 2x target; 320 vs 160 images/s is within 3% of the
+    # better sentinel; the best scaling factor is 1.6.
+    assert "- topk: within 3% of the better sentinel: met (100.0% faster)" in text
+    assert "- best scaling factor >= 0.90: met (1.60, topk searched)" in text
+
+
+def test_targets_say_by_how_much_they_are_missed():
+    def row(algorithm, partition, images_per_s, exchange_s):
+        return {"label": "%s %s" % (algorithm, partition), "images_per_s": images_per_s,
+                "exchange_s": exchange_s,
+                "config": {"kind": "mergecomp", "algorithm": algorithm, "partition": partition}}
+
+    group = {"workers": 2, "rows": [row("dgc", "layerwise", 100.0, 0.5), row("dgc", "one", 120.0, 0.2),
+                                    row("dgc", "searched", 110.0, 0.1)]}
+    lines = cluster.target_lines(group, single_images_per_s=100.0)
+    assert lines[0] == ("dgc: MergeComp >= 2x layer-wise: missed (throughput 1.10x, "
+                        "exchange 5.00x); within 3% of the better sentinel: missed (8.3% slower)")
+    assert lines[1] == "best scaling factor >= 0.90: missed (0.600, dgc one)"
 
 
 def test_target_status():

@@ -63,6 +63,11 @@ def build_parser():
                       help="steps the partition search may use before measuring")
     clus.add_argument("--search-max-groups", type=int, default=3,
                       help="most groups the partition search tries (default 3)")
+    clus.add_argument("--search-on", choices=("training", "exchange"), default="training",
+                      help="time the search's candidates by training steps (a model re-trace "
+                           "each) or by the gradient exchange alone (default training)")
+    clus.add_argument("--exchange-steps", type=int, default=10,
+                      help="timed exchanges per config, without backprop (0: none)")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")
@@ -91,6 +96,7 @@ def apply_quick(args):
         args.warmup_steps = cluster.QUICK["warmup_steps"]
         args.search_steps = cluster.QUICK["search_steps"]
         args.search_max_groups = cluster.QUICK["search_max_groups"]
+        args.exchange_steps = cluster.QUICK["exchange_steps"]
     return args
 
 

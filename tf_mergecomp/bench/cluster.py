@@ -13,7 +13,11 @@ searched during warmup (``MergeCompCallback``; partitions=2 while that
 callback is not available, reported in the notes).
 
 Throughput = W x batch / median over measured steps of the slowest rank's
-step time. Scaling factor = W-worker throughput / (W x 1-worker fp32
+step time. Exchange time = median over ``--exchange-steps`` of the slowest
+rank's time for the gradient exchange alone (worker.py: the optimizer's
+allreduce function on fixed tensors of the model's gradient shapes, no
+backprop): the communication and compression cost that the grouping changes,
+which backprop on a CPU mostly hides. Scaling factor = W-worker throughput / (W x 1-worker fp32
 throughput). All ranks share this machine's cores, so per-rank compute time
 (plain local step, measured while the other ranks do the same) is reported
 next to it, and "vs local compute" = W-worker throughput / (W x batch /
@@ -32,7 +36,8 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 8, "warmup_steps": 5, "search_steps": 16, "search_max_groups": 2}
+         "steps": 8, "warmup_steps": 5, "search_steps": 16, "search_max_groups": 2,
+         "exchange_steps": 8}
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
@@ -58,12 +63,16 @@ def algorithm_available(name):
     return True, ""
 
 
-def _time_budget_s(num_configs, steps, warmup_steps, search_steps, model):
+def _time_budget_s(num_configs, args, model):
     # Generous: tracing a Keras model with per-tensor compression takes tens of
     # seconds on a contended 2-core machine; ResNet50/VGG16 steps take seconds.
+    # A search on exchange times re-traces only the exchange (seconds).
     per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
-    per_config = 150 + per_step * (steps + warmup_steps + search_steps)
-    return 180 + num_configs * per_config
+    search_steps = args.search_steps if args.search_on == "training" else 0
+    per_config = 150 + per_step * (args.steps + args.warmup_steps + search_steps) \
+        + 2.0 * (args.exchange_steps + 2)
+    searches = 600 if args.search_on == "exchange" else 0
+    return 180 + num_configs * per_config + searches * len(args.algorithms)
 
 
 def run_group(model, workers, configs, args, out_dir):
@@ -71,8 +80,7 @@ def run_group(model, workers, configs, args, out_dir):
     tag = "%s%d" % (model[0], workers)
     run_dir = os.path.join(out_dir, "runs", "%s_w%d" % (model, workers))
     os.makedirs(run_dir, exist_ok=True)
-    timeout_s = args.timeout or _time_budget_s(
-        len(configs), args.steps, args.warmup_steps, args.search_steps, model)
+    timeout_s = args.timeout or _time_budget_s(len(configs), args, model)
     spec = {
         "model": model,
         "batch_size": args.batch_size,
@@ -80,6 +88,8 @@ def run_group(model, workers, configs, args, out_dir):
         "steps": args.steps,
         "search_steps": args.search_steps,
         "compute_steps": 5,
+        "exchange_steps": args.exchange_steps,
+        "search_on": args.search_on,
         "deadline": time.time() + timeout_s - 15,
         "result_path": os.path.join(run_dir, "rank{rank}.json"),
         "configs": configs,
@@ -138,10 +148,13 @@ def summarize(group):
                     "search_candidates", "search_finished", "search_history"):
             if key in results[0]:
                 row[key] = results[0][key]
+        if all(r.get("exchange_times_s") for r in results):
+            row["exchange_s"] = report.median(
+                [max(steps) for steps in zip(*(r["exchange_times_s"] for r in results))])
         row["note"] = results[0].get("note", "")
         if "search_candidates" in row:
-            row["note"] = "search: %d candidates in %.0f s%s" % (
-                row["search_candidates"], row["search_s"],
+            row["note"] = "search on %s times: %d candidates in %.0f s%s" % (
+                results[0].get("search_on", "training"), row["search_candidates"], row["search_s"],
                 "" if row["search_finished"] else ", stopped at the step budget (best so far kept)")
         rows.append(row)
     batch = group.get("batch_size")
@@ -149,6 +162,60 @@ def summarize(group):
         if row.get("step_s"):
             row["images_per_s"] = workers * batch / row["step_s"]
     return rows
+
+
+SPEEDUP_TARGET_ALGORITHMS = ("efsignsgd", "signsgd", "onebit", "signum", "dgc")
+
+
+def target_lines(group, single_images_per_s):
+    """The issue's targets for one (model, workers) run: 'met' or by how much missed.
+
+    MergeComp >= 2x layer-wise throughput for the sign family and dgc; MergeComp
+    never more than 3% slower than the better of layer-wise and one group; the
+    best scaling factor >= 90%. The exchange-time ratio is given next to the
+    throughput one, since CPU backprop hides most of the exchange.
+    """
+    by = {(r["config"].get("algorithm"), r["config"].get("partition")): r for r in group["rows"]}
+    lines = []
+    algorithms = []
+    for row in group["rows"]:
+        algorithm = row["config"].get("algorithm")
+        if algorithm and algorithm not in algorithms:
+            algorithms.append(algorithm)
+    for algorithm in algorithms:
+        searched = by.get((algorithm, "searched"), {})
+        layerwise = by.get((algorithm, "layerwise"), {})
+        one = by.get((algorithm, "one"), {})
+        if not searched.get("images_per_s"):
+            lines.append("%s: MergeComp not measured" % algorithm)
+            continue
+        verdicts = []
+        if algorithm in SPEEDUP_TARGET_ALGORITHMS:
+            speedup = report.ratio(searched["images_per_s"], layerwise.get("images_per_s"))
+            exchange = report.ratio(layerwise.get("exchange_s"), searched.get("exchange_s"))
+            verdicts.append("%s >= 2x layer-wise: %s (throughput %sx, exchange %sx)" % (
+                "MergeComp", _verdict(speedup, 2.0), report.fmt(speedup), report.fmt(exchange)))
+        sentinels = [v for v in (layerwise.get("images_per_s"), one.get("images_per_s")) if v]
+        if sentinels:
+            relative = searched["images_per_s"] / max(sentinels)
+            verdicts.append("within 3%% of the better sentinel: %s (%s)" % (
+                _verdict(relative, 0.97), "%.1f%% %s" % (
+                    100 * abs(1 - relative), "slower" if relative < 1 else "faster")))
+        lines.append("%s: %s" % (algorithm, "; ".join(verdicts)))
+    if single_images_per_s:
+        scaling = [(r["images_per_s"] / (group["workers"] * single_images_per_s), r["label"])
+                   for r in group["rows"] if r.get("images_per_s")]
+        if scaling:
+            best, label = max(scaling)
+            lines.append("best scaling factor >= 0.90: %s (%s, %s)" % (
+                _verdict(best, 0.90), report.fmt(best), label))
+    return lines
+
+
+def _verdict(value, target):
+    if value is None:
+        return "not measured"
+    return "met" if value >= target else "missed"
 
 
 def _partition_text(row):
@@ -186,13 +253,15 @@ def tables(summary):
                          _load_text(single.get(model, {}).get("load_average")),
                          ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
                          workers, _load_text(group.get("load_average"))))
-        layerwise = {r["config"].get("algorithm"): r.get("images_per_s")
+        layerwise = {r["config"].get("algorithm"): r
                      for r in group["rows"] if r["config"].get("partition") == "layerwise"}
         rows = []
         for row in group["rows"]:
-            speedup = None
+            speedup = exchange_speedup = None
             if row["config"]["kind"] == "mergecomp" and row["config"]["partition"] != "layerwise":
-                speedup = report.ratio(row.get("images_per_s"), layerwise.get(row["config"]["algorithm"]))
+                baseline = layerwise.get(row["config"]["algorithm"], {})
+                speedup = report.ratio(row.get("images_per_s"), baseline.get("images_per_s"))
+                exchange_speedup = report.ratio(baseline.get("exchange_s"), row.get("exchange_s"))
             rows.append([
                 row["label"],
                 row.get("images_per_s"),
@@ -201,21 +270,29 @@ def tables(summary):
                 speedup,
                 _partition_text(row),
                 row.get("step_s"),
+                1e3 * row["exchange_s"] if row.get("exchange_s") else None,
+                exchange_speedup,
                 row.get("cpu_util"),
                 row.get("error") or row.get("note") or "",
             ])
         parts.append(report.markdown_table(
             ["config", "images/s", "scaling factor", "vs local compute", "speedup vs layer-wise",
-             "partition",
-             "step s (median)", "CPU util/rank", "notes"], rows))
+             "partition", "step s (median)", "exchange ms (median)",
+             "exchange speedup vs layer-wise", "CPU util/rank", "notes"], rows))
         parts.append("")
+        targets = target_lines(group, one)
+        if targets:
+            parts.append("Targets (%s, %d workers, %s):\n" % (model, workers, summary["bandwidth"]))
+            parts.extend("- " + line for line in targets)
+            parts.append("")
     for line in summary.get("notes", []):
         parts.append("- " + line)
     return "\n".join(parts)
 
 
 def chart(summary, path):
-    """Bar chart per (model, workers): layer-wise vs one group vs MergeComp per algorithm."""
+    """Per (model, workers): images/s (left) and exchange ms (right) for layer-wise,
+    one group and MergeComp per algorithm, Horovod fp32 and fp16 as lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -224,42 +301,48 @@ def chart(summary, path):
     groups = [g for g in summary["groups"] if g["rows"]]
     if not groups:
         return None
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 3.6 * len(groups)), squeeze=False)
-    for ax, group in zip(axes[:, 0], groups):
-        rows = group["rows"]
-        algorithms = []
-        for row in rows:
-            algorithm = row["config"].get("algorithm")
-            if algorithm and algorithm not in algorithms:
-                algorithms.append(algorithm)
-        width = 0.27
-        for offset, (mode, colour) in enumerate(
-                (("layerwise", "tab:gray"), ("one", "tab:orange"), ("searched", "tab:blue"))):
-            values = []
-            for algorithm in algorithms:
-                match = [r for r in rows if r["config"].get("algorithm") == algorithm
-                         and r["config"].get("partition") == mode]
-                values.append(match[0].get("images_per_s") or 0 if match else 0)
-            label = {"layerwise": "layer-wise", "one": "one group", "searched": "MergeComp"}[mode]
-            ax.bar([i + (offset - 1) * width for i in range(len(algorithms))], values, width,
-                   label=label, color=colour)
-        for label, style in (("horovod fp32", "--"), ("horovod fp16", ":")):
-            match = [r for r in rows if r["label"] == label and r.get("images_per_s")]
-            if match:
-                ax.axhline(match[0]["images_per_s"], color="black", linestyle=style,
-                           label="Horovod " + label.split()[1])
-        tallest = max([r.get("images_per_s") or 0 for r in rows] + [1])
-        ax.set_ylim(0, tallest * 1.3)  # room for the legend above the bars
-        ax.set_xticks(range(len(algorithms)))
-        ax.set_xticklabels(algorithms)
-        ax.set_ylabel("images/s")
-        ax.set_title("%s, %d workers, %s links" % (group["model"], group["workers"],
-                                                  summary["bandwidth"]))
-        ax.legend(fontsize=8, ncol=5, loc="upper center")
+    fig, axes = plt.subplots(len(groups), 2, figsize=(16, 3.8 * len(groups)), squeeze=False)
+    for (throughput_ax, exchange_ax), group in zip(axes, groups):
+        title = "%s, %d workers, %s links" % (group["model"], group["workers"], summary["bandwidth"])
+        _bars(throughput_ax, group["rows"], "images_per_s", 1.0, "images/s (higher is better)",
+              title + ": training throughput")
+        _bars(exchange_ax, group["rows"], "exchange_s", 1e3, "ms (lower is better)",
+              title + ": gradient exchange alone")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _bars(ax, rows, key, scale, ylabel, title):
+    algorithms = []
+    for row in rows:
+        algorithm = row["config"].get("algorithm")
+        if algorithm and algorithm not in algorithms:
+            algorithms.append(algorithm)
+    width = 0.27
+    for offset, (mode, colour) in enumerate(
+            (("layerwise", "tab:gray"), ("one", "tab:orange"), ("searched", "tab:blue"))):
+        values = []
+        for algorithm in algorithms:
+            match = [r for r in rows if r["config"].get("algorithm") == algorithm
+                     and r["config"].get("partition") == mode]
+            values.append(scale * (match[0].get(key) or 0) if match else 0)
+        label = {"layerwise": "layer-wise", "one": "one group", "searched": "MergeComp"}[mode]
+        ax.bar([i + (offset - 1) * width for i in range(len(algorithms))], values, width,
+               label=label, color=colour)
+    for label, style in (("horovod fp32", "--"), ("horovod fp16", ":")):
+        match = [r for r in rows if r["label"] == label and r.get(key)]
+        if match:
+            ax.axhline(scale * match[0][key], color="black", linestyle=style,
+                       label="Horovod " + label.split()[1])
+    tallest = max([scale * (r.get(key) or 0) for r in rows] + [1e-9])
+    ax.set_ylim(0, tallest * 1.3)  # room for the legend above the bars
+    ax.set_xticks(range(len(algorithms)))
+    ax.set_xticklabels(algorithms)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, ncol=5, loc="upper center")
 
 
 def run(args):

@@ -16,6 +16,19 @@ consecutive ``on_train_batch_end`` calls after the warmup steps, which include
 tracing) and the process CPU time over them. Before the configs it measures
 its plain local compute step time (no Horovod) while the other ranks do the
 same, which shows how much the ranks slow each other down on a shared CPU.
+
+After the training steps, the rank times the gradient exchange alone
+(``exchange_steps``): the same Horovod allreduce function the optimizer uses
+(compression, collectives, decompression, error feedback) applied to fixed
+random tensors of the model's gradient shapes, with no forward or backward
+pass. On a CPU-only machine backprop takes seconds and hides most of what the
+grouping changes; the exchange time is what an accelerator that computes
+backprop almost instantly would wait for.
+
+``search_on``: "training" searches the partition from training step times
+(``MergeCompCallback``, a model re-trace per candidate); "exchange" from
+exchange times (``PartitionSearch`` over the exchange function, cheap
+re-traces), then trains with the partition found.
 """
 
 import json
@@ -26,6 +39,7 @@ import traceback
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
+SEARCH_ON = ("training", "exchange")
 
 
 class DeadlineExceeded(RuntimeError):
@@ -115,8 +129,15 @@ def _run_config(model, dataset, config, spec, hvd, tf):
     )
     search = {}
     started = time.perf_counter()
+    exchange = _make_exchange(model, compression, spec, hvd, tf)
     if search_callback_class is not None:
-        search = _search_partition(model, dataset, mergecomp, search_callback_class, spec)
+        search_on = spec.get("search_on", "training")
+        if search_on not in SEARCH_ON:
+            raise ValueError("search_on must be one of %s, got %r" % (SEARCH_ON, search_on))
+        if search_on == "training":
+            search = _search_partition(model, dataset, mergecomp, search_callback_class, spec)
+        else:
+            search = _search_on_exchange(exchange, mergecomp, spec)
     timer = _make_step_timer()(spec["deadline"])
     warmup, steps = spec["warmup_steps"], spec["steps"]
     model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
@@ -134,6 +155,8 @@ def _run_config(model, dataset, config, spec, hvd, tf):
         "cpu_s": cpu[warmup + steps] - cpu[warmup],
         "total_s": time.perf_counter() - started,
     }
+    if spec.get("exchange_steps"):
+        result["exchange_times_s"] = _time_exchange(exchange, spec)
     result.update(search)
     if mergecomp is not None:
         result.update(
@@ -163,6 +186,79 @@ def _search_partition(model, dataset, mergecomp, callback_class, spec):
         "search_finished": bool(callback.done),
         "search_candidates": len(history),
         "search_history": _jsonable(history),
+    }
+
+
+def _make_exchange(model, compression, spec, hvd, tf):
+    """(step, gradients): ``step(gradients)`` runs the optimizer's gradient exchange alone.
+
+    ``step`` is the allreduce function Horovod's optimizer builds for this
+    compression (MergeComp's through its hook), in a ``tf.function`` traced
+    afresh whenever the MergeComp's partition changes. It returns one element
+    of every reduced tensor, so waiting for it waits for the whole exchange
+    without copying the gradients out.
+    """
+    import horovod.tensorflow as hvd_tf
+
+    allreduce_grads = hvd_tf._make_allreduce_grads_fn(
+        "exchange", "", "", compression, False, hvd_tf.Average, 1.0, None,
+        hvd_tf.global_process_set)
+    generator = tf.random.Generator.from_seed(1000 + hvd.rank())
+    gradients = [generator.normal(v.shape, dtype=v.dtype) for v in model.trainable_variables]
+    state = {"version": None, "fn": None}
+
+    def first_elements(grads):
+        return tf.stack([tf.reshape(g, [-1])[0] for g in allreduce_grads(grads)])
+
+    def step(grads):
+        version = getattr(compression, "partition_version", None)
+        if state["fn"] is None or state["version"] != version:
+            state["fn"] = tf.function(first_elements)
+            state["version"] = version
+        return state["fn"](grads)
+
+    return step, gradients
+
+
+def _time_exchange(exchange, spec):
+    """Wall time of each of ``exchange_steps`` exchanges after two unmeasured ones."""
+    step, gradients = exchange
+    times = []
+    for index in range(2 + spec["exchange_steps"]):
+        if time.time() > spec["deadline"]:
+            raise DeadlineExceeded("deadline passed while timing the exchange")
+        started = time.perf_counter()
+        step(gradients).numpy()
+        if index >= 2:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def _search_on_exchange(exchange, mergecomp, spec):
+    """MergeComp's partition search driven by exchange times (see the module docstring)."""
+    from tf_mergecomp.search_driver import PartitionSearch
+
+    step, gradients = exchange
+    params = dict(spec.get("search_params", {}))
+    search = PartitionSearch(mergecomp, **params)
+    started = time.perf_counter()
+    budget = spec.get("exchange_search_steps", 400)
+    for _ in range(budget):
+        if search.done:
+            break
+        if time.time() > spec["deadline"]:
+            raise DeadlineExceeded("deadline passed during the exchange search")
+        search.before_step()
+        search.after_step(step(gradients))
+    finished = search.done
+    search.finish()
+    return {
+        "search_s": time.perf_counter() - started,
+        "search_steps": search.search_steps,
+        "search_finished": bool(finished),
+        "search_candidates": len(search.history),
+        "search_history": _jsonable(search.history),
+        "search_on": "exchange",
     }
 
 
