@@ -244,3 +244,13 @@ def test_sigterm_removes_the_cluster():
         if process.poll() is None:
             process.kill()
     assert netns.owned_names(prefix) == ([], [])
+
+
+def test_parity_trains_the_main_jobs_model_and_data():
+    from tf_mergecomp.bench import parity
+
+    main_job = parity._main_job()
+    (x_train, y_train), (x_test, y_test) = main_job.load_data(rank=1, size=2)
+    assert x_train.shape[1:] == (8, 8, 1) and len(x_test) == 360
+    assert len(x_train) == len(y_train) == 1437 // 2  # every second of the 1,437 training images
+    assert main_job.build_model().output_shape == (None, 10)

@@ -1,4 +1,5 @@
-"""Accuracy parity: a small CNN on scikit-learn's digits, 2 workers, every codec.
+"""Accuracy parity: the main job (examples/train_digits.py: a small CNN on scikit-learn's
+digits), 2 workers, every codec.
 
     python -m tf_mergecomp.bench parity [--algorithms ...] [--epochs 8]
 
@@ -51,34 +52,23 @@ def plan_configs(algorithms):
     return configs
 
 
-def _load_data(rank, size):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+def _main_job():
+    """examples/train_digits.py as a module: parity trains the main job's model on its data."""
+    import importlib.util
 
-    digits = load_digits()
-    images = (digits.images / 16.0).astype("float32")[..., None]
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
-    return (x_train[rank::size], y_train[rank::size]), (x_test, y_test)
-
-
-def _build_model(tf):
-    return tf.keras.Sequential([
-        tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu", input_shape=(8, 8, 1)),
-        tf.keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
-        tf.keras.layers.MaxPooling2D(),
-        tf.keras.layers.Flatten(),
-        tf.keras.layers.Dense(64, activation="relu"),
-        tf.keras.layers.Dense(10),
-    ])
+    path = os.path.join(_REPO_ROOT, "examples", "train_digits.py")
+    module_spec = importlib.util.spec_from_file_location("train_digits", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
-def _train_one(config, spec, data, hvd, hvd_tf, tf):
+def _train_one(config, spec, data, main_job, hvd, hvd_tf, tf):
     from tf_mergecomp.bench.worker import build_compression
 
     (x_train, y_train), (x_test, y_test) = data
     tf.keras.utils.set_random_seed(SEED)
-    model = _build_model(tf)
+    model = main_job.build_model()
     compression, search_callback_class, note = build_compression(config)
     rate = learning_rate(config.get("algorithm")) * hvd.size()
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(rate), compression=compression)
@@ -115,11 +105,12 @@ def worker_main(spec_path):
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
-    data = _load_data(hvd.rank(), hvd.size())
+    main_job = _main_job()
+    data = main_job.load_data(hvd.rank(), hvd.size())
     results = []
     for config in spec["configs"]:
         try:
-            results.append(_train_one(config, spec, data, hvd, hvd_tf, tf))
+            results.append(_train_one(config, spec, data, main_job, hvd, hvd_tf, tf))
         except Exception as error:  # recorded; the same error happens on every rank
             traceback.print_exc()
             results.append({"label": config["label"], "config": config, "ok": False,
