@@ -66,8 +66,10 @@ def build_parser():
     clus.add_argument("--search-on", choices=("training", "exchange"), default="training",
                       help="time the search's candidates by training steps (a model re-trace "
                            "each) or by the gradient exchange alone (default training)")
-    clus.add_argument("--exchange-steps", type=int, default=10,
-                      help="timed exchanges per config, without backprop (0: none)")
+    clus.add_argument("--exchange-steps", type=int, default=5,
+                      help="timed exchanges (no backprop) per config and round (0: none)")
+    clus.add_argument("--exchange-rounds", type=int, default=3,
+                      help="rounds over all configs, interleaving the exchange timings")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")
@@ -97,6 +99,7 @@ def apply_quick(args):
         args.search_steps = cluster.QUICK["search_steps"]
         args.search_max_groups = cluster.QUICK["search_max_groups"]
         args.exchange_steps = cluster.QUICK["exchange_steps"]
+        args.exchange_rounds = cluster.QUICK["exchange_rounds"]
     return args
 
 

@@ -13,11 +13,12 @@ searched during warmup (``MergeCompCallback``; partitions=2 while that
 callback is not available, reported in the notes).
 
 Throughput = W x batch / median over measured steps of the slowest rank's
-step time. Exchange time = median over ``--exchange-steps`` of the slowest
-rank's time for the gradient exchange alone (worker.py: the optimizer's
-allreduce function on fixed tensors of the model's gradient shapes, no
-backprop): the communication and compression cost that the grouping changes,
-which backprop on a CPU mostly hides. Scaling factor = W-worker throughput / (W x 1-worker fp32
+step time. Exchange time = median over ``--exchange-rounds`` x
+``--exchange-steps`` calls (the configs interleaved round by round) of the
+slowest rank's time for the gradient exchange alone (worker.py: the
+optimizer's allreduce function on fixed tensors of the model's gradient
+shapes, no backprop): the communication and compression cost that the
+grouping changes, which backprop on a CPU mostly hides. Scaling factor = W-worker throughput / (W x 1-worker fp32
 throughput). All ranks share this machine's cores, so per-rank compute time
 (plain local step, measured while the other ranks do the same) is reported
 next to it, and "vs local compute" = W-worker throughput / (W x batch /
@@ -37,7 +38,7 @@ DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "si
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
          "steps": 8, "warmup_steps": 5, "search_steps": 16, "search_max_groups": 2,
-         "exchange_steps": 8}
+         "exchange_steps": 4, "exchange_rounds": 3}
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
@@ -70,7 +71,7 @@ def _time_budget_s(num_configs, args, model):
     per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
     search_steps = args.search_steps if args.search_on == "training" else 0
     per_config = 150 + per_step * (args.steps + args.warmup_steps + search_steps) \
-        + 2.0 * (args.exchange_steps + 2)
+        + 2.0 * args.exchange_rounds * (args.exchange_steps + 2)
     searches = 600 if args.search_on == "exchange" else 0
     return 180 + num_configs * per_config + searches * len(args.algorithms)
 
@@ -89,6 +90,7 @@ def run_group(model, workers, configs, args, out_dir):
         "search_steps": args.search_steps,
         "compute_steps": 5,
         "exchange_steps": args.exchange_steps,
+        "exchange_rounds": args.exchange_rounds,
         "search_on": args.search_on,
         "deadline": time.time() + timeout_s - 15,
         "result_path": os.path.join(run_dir, "rank{rank}.json"),

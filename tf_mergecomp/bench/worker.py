@@ -17,13 +17,15 @@ tracing) and the process CPU time over them. Before the configs it measures
 its plain local compute step time (no Horovod) while the other ranks do the
 same, which shows how much the ranks slow each other down on a shared CPU.
 
-After the training steps, the rank times the gradient exchange alone
-(``exchange_steps``): the same Horovod allreduce function the optimizer uses
-(compression, collectives, decompression, error feedback) applied to fixed
-random tensors of the model's gradient shapes, with no forward or backward
-pass. On a CPU-only machine backprop takes seconds and hides most of what the
-grouping changes; the exchange time is what an accelerator that computes
-backprop almost instantly would wait for.
+After all configs have trained, the rank times the gradient exchange alone
+of each: the same Horovod allreduce function the optimizer uses (compression,
+collectives, decompression, error feedback) applied to fixed random tensors
+of the model's gradient shapes, with no forward or backward pass;
+``exchange_steps`` timed calls per config in each of ``exchange_rounds``
+rounds, the configs interleaved within a round so that a slow spell of the
+machine does not land on one config. On a CPU-only machine backprop takes
+seconds and hides most of what the grouping changes; the exchange time is
+what an accelerator that computes backprop almost instantly would wait for.
 
 ``search_on``: "training" searches the partition from training step times
 (``MergeCompCallback``, a model re-trace per candidate); "exchange" from
@@ -155,8 +157,6 @@ def _run_config(model, dataset, config, spec, hvd, tf):
         "cpu_s": cpu[warmup + steps] - cpu[warmup],
         "total_s": time.perf_counter() - started,
     }
-    if spec.get("exchange_steps"):
-        result["exchange_times_s"] = _time_exchange(exchange, spec)
     result.update(search)
     if mergecomp is not None:
         result.update(
@@ -165,7 +165,7 @@ def _run_config(model, dataset, config, spec, hvd, tf):
             num_tensors=mergecomp.num_tensors,
             collectives_executed=int(mergecomp.collectives_executed.numpy()),
         )
-    return result
+    return result, exchange
 
 
 def _search_partition(model, dataset, mergecomp, callback_class, spec):
@@ -220,18 +220,38 @@ def _make_exchange(model, compression, spec, hvd, tf):
     return step, gradients
 
 
-def _time_exchange(exchange, spec):
-    """Wall time of each of ``exchange_steps`` exchanges after two unmeasured ones."""
+def _time_exchange(exchange, spec, unmeasured):
+    """Wall time of each of ``exchange_steps`` exchanges after ``unmeasured`` ones."""
     step, gradients = exchange
     times = []
-    for index in range(2 + spec["exchange_steps"]):
+    for index in range(unmeasured + spec["exchange_steps"]):
         if time.time() > spec["deadline"]:
             raise DeadlineExceeded("deadline passed while timing the exchange")
         started = time.perf_counter()
         step(gradients).numpy()
-        if index >= 2:
+        if index >= unmeasured:
             times.append(time.perf_counter() - started)
     return times
+
+
+def _time_exchanges_interleaved(results, exchanges, spec, hvd_tf, tf):
+    """Adds ``exchange_times_s`` to each result: ``exchange_rounds`` rounds over the configs.
+
+    Only configs that trained on every rank are timed (a config that failed on
+    one rank would leave the others waiting in its collectives). The first
+    round's first two calls per config trace and warm up; later rounds discard
+    one call per config, the switch from the previous config's collectives.
+    """
+    ok_here = tf.constant([1 if label in exchanges else 0 for label in
+                           (r["label"] for r in results)], tf.int32)
+    ok_everywhere = hvd_tf.allreduce(ok_here, op=hvd_tf.Min, name="bench_configs_ok").numpy()
+    timed = [r for r, ok in zip(results, ok_everywhere) if ok]
+    for result in timed:
+        result["exchange_times_s"] = []
+    for round_index in range(spec.get("exchange_rounds", 1)):
+        for result in timed:
+            result["exchange_times_s"] += _time_exchange(
+                exchanges[result["label"]], spec, unmeasured=2 if round_index == 0 else 1)
 
 
 def _search_on_exchange(exchange, mergecomp, spec):
@@ -317,9 +337,11 @@ def main(argv=None):
         "results": [],
     }
     output["compute_step_s"] = _local_compute_time(model, dataset, spec, tf)
+    exchanges = {}  # label -> exchange of each config that trained
     for config in spec["configs"]:
         try:
-            output["results"].append(_run_config(model, dataset, config, spec, hvd, tf))
+            result, exchanges[config["label"]] = _run_config(model, dataset, config, spec, hvd, tf)
+            output["results"].append(result)
         except DeadlineExceeded:
             output["results"].append({"label": config["label"], "config": config, "ok": False,
                                       "error": "deadline exceeded"})
@@ -332,6 +354,11 @@ def main(argv=None):
                                       "error": error_text(error)})
         with open(spec["result_path"].format(rank=rank), "w") as f:
             json.dump(output, f, indent=1)
+    if spec.get("exchange_steps") and spec.get("exchange_rounds", 1) > 0:
+        try:
+            _time_exchanges_interleaved(output["results"], exchanges, spec, hvd_tf, tf)
+        except DeadlineExceeded:
+            output["exchange_error"] = "deadline passed while timing the exchanges"
     with open(spec["result_path"].format(rank=rank), "w") as f:
         json.dump(output, f, indent=1)
     return 0
