@@ -242,10 +242,11 @@ def _time_exchanges_interleaved(results, exchanges, spec, hvd_tf, tf):
     round's first two calls per config trace and warm up; later rounds discard
     one call per config, the switch from the previous config's collectives.
     """
-    ok_here = tf.constant([1 if label in exchanges else 0 for label in
-                           (r["label"] for r in results)], tf.int32)
+    labels = [config["label"] for config in spec["configs"]]  # the same list on every rank
+    ok_here = tf.constant([1 if label in exchanges else 0 for label in labels], tf.int32)
     ok_everywhere = hvd_tf.allreduce(ok_here, op=hvd_tf.Min, name="bench_configs_ok").numpy()
-    timed = [r for r, ok in zip(results, ok_everywhere) if ok]
+    by_label = {r["label"]: r for r in results}
+    timed = [by_label[label] for label, ok in zip(labels, ok_everywhere) if ok]
     for result in timed:
         result["exchange_times_s"] = []
     for round_index in range(spec.get("exchange_rounds", 1)):
