@@ -4,10 +4,12 @@ In one horovodrun job, three Keras fits (each a fresh model, MergeComp and
 callback): the first searches and saves; the second, same model, reuses the
 file without searching; the third, a different model, searches again and says
 why. A second job searches in a custom loop with DistributedGradientTape
-through PartitionSearch.function.
+through PartitionSearch.function, rank 0 writing TensorBoard scalars.
 """
 
 import json
+
+import pytest
 
 from tests import horovodrun
 
@@ -67,8 +69,33 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     assert all(line.startswith("[0]") for line in candidate_lines)  # rank 0 logs
 
 
-def test_custom_loop_partition_search():
-    results, _ = horovodrun.run("search_callback.py", args=[CODEC, "tape"], timeout=240)
+def test_custom_loop_partition_search(tmp_path):
+    log_dir = tmp_path / "tensorboard"
+    results, _ = horovodrun.run("search_callback.py", args=[CODEC, "tape", str(log_dir)],
+                                timeout=240)
     (r0,), (r1,) = results[0], results[1]
     r = _check_ranks_agree_and_train(r0, r1)
     _check_search(r)
+    # Rank 0 alone wrote one TensorBoard scalar per candidate: its averaged time.
+    scalars = _tensorboard_scalars(log_dir)
+    seconds = [c[1] for c in r["candidates"]]
+    assert scalars["mergecomp_search/candidate_seconds"] == pytest.approx(
+        list(enumerate(seconds, start=1)), rel=1e-6)
+    assert [g for _, g in scalars["mergecomp_search/candidate_groups"]] == [
+        c[3] for c in r["candidates"]]
+    assert scalars["mergecomp_search/best_seconds"][-1][1] == pytest.approx(min(seconds), rel=1e-6)
+
+
+def _tensorboard_scalars(log_dir):
+    """tag -> [(step, value)] from every event file under log_dir (one writer expected)."""
+    import tensorflow as tf
+
+    files = sorted(log_dir.glob("events.out.tfevents.*"))
+    assert len(files) == 1, files  # rank 1 writes none
+    scalars = {}
+    for record in tf.data.TFRecordDataset([str(f) for f in files]):
+        event = tf.compat.v1.Event.FromString(record.numpy())
+        for value in event.summary.value:
+            number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
+            scalars.setdefault(value.tag, []).append((event.step, number))
+    return scalars

@@ -3,7 +3,8 @@
     search_callback.py CODEC keras SAVE_PATH WIDTHS   one fit per hidden width in the comma
                                                      list, each a fresh model, MergeComp and
                                                      callback searching or reusing SAVE_PATH
-    search_callback.py CODEC tape                     DistributedGradientTape + PartitionSearch
+    search_callback.py CODEC tape LOG_DIR             DistributedGradientTape + PartitionSearch,
+                                                     TensorBoard scalars into LOG_DIR
 
 CODEC is a registry name, or "plain" for an uncompressed average defined here.
 
@@ -79,7 +80,8 @@ def train_tape():
     model = build_model(32)
     mc = MergeComp(PlainAverage() if codec == "plain" else codec)
     sgd = tf.keras.optimizers.SGD(0.05)
-    search = PartitionSearch(mc, steps_per_candidate=2, max_groups=3, verbose=1)
+    search = PartitionSearch(mc, steps_per_candidate=2, max_groups=3, verbose=1,
+                             log_dir=sys.argv[3])
 
     def train_step(xb, yb):
         with tf.GradientTape() as tape:

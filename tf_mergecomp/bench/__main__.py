@@ -70,6 +70,9 @@ def build_parser():
                       help="timed exchanges (no backprop) per config and round (0: none)")
     clus.add_argument("--exchange-rounds", type=int, default=3,
                       help="rounds over all configs, interleaving the exchange timings")
+    clus.add_argument("--cpu-allocator", choices=cluster.CPU_ALLOCATORS, default="bfc",
+                      help="TensorFlow's CPU allocator in the ranks (default bfc: pooled; "
+                           "'default' maps large buffers afresh)")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")

@@ -64,8 +64,8 @@ class RendezvousServer:
         return False
 
 
-def rank_environment(rank, size, hostname, iface, server_address, port, threads=1):
-    env = dict(os.environ)
+def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None):
+    env = dict(os.environ, **(extra_env or {}))
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_address,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
@@ -101,8 +101,10 @@ def _kill(process):
         pass
 
 
-def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank"):
+def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None):
     """Runs ``python argv...`` once per namespace of ``cluster``; all ranks must exit 0.
+
+    ``extra_env`` is added to every rank's environment.
 
     Output of rank r goes to ``log_dir/<log_prefix><r>.log``. Raises RankFailure
     (after killing the other ranks) when one fails or the timeout passes.
@@ -115,7 +117,7 @@ def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank"):
         try:
             for rank in range(size):
                 env = rank_environment(rank, size, cluster.namespaces[rank], cluster.iface,
-                                       cluster.server_address, server.port)
+                                       cluster.server_address, server.port, extra_env=extra_env)
                 log_path = os.path.join(log_dir, "%s%d.log" % (log_prefix, rank))
                 log = open(log_path, "w")
                 logs.append(log_path)
