@@ -254,3 +254,14 @@ def test_parity_trains_the_main_jobs_model_and_data():
     assert x_train.shape[1:] == (8, 8, 1) and len(x_test) == 360
     assert len(x_train) == len(y_train) == 1437 // 2  # every second of the 1,437 training images
     assert main_job.build_model().output_shape == (None, 10)
+
+
+def test_exchange_bench_times_both_allocators_in_their_own_processes():
+    from tf_mergecomp.bench import exchange
+
+    rows = exchange.run("transformer", ["efsignsgd"], repeats=1, log=lambda *_: None)
+    assert [r["allocator"] for r in rows] == ["default", "bfc"]
+    for row in rows:
+        assert row["layerwise"] > 0 and row["one"] > 0
+    text = exchange.table(rows, "transformer")
+    assert text.count("| efsignsgd |") == 2

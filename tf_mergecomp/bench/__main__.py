@@ -1,4 +1,4 @@
-"""python -m tf_mergecomp.bench {ops,cluster,parity} [options]; see --help of each."""
+"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity} [options]; see --help of each."""
 
 import argparse
 import json
@@ -50,6 +50,14 @@ def build_parser():
     ops.add_argument("--budget", type=float, default=10.0,
                      help="seconds at most per timed measurement (default 10)")
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
+
+    exchange = commands.add_parser(
+        "exchange", help="one rank's exchange, layer-wise vs one group, per CPU allocator")
+    exchange.add_argument("--model", choices=models.MODELS, default="resnet50")
+    exchange.add_argument("--algorithms", type=_algorithms,
+                          default=["fp16", "efsignsgd", "topk", "dgc"])
+    exchange.add_argument("--repeats", type=int, default=5)
+    exchange.add_argument("--out", default=None, help="also write exchange.md and exchange.json here")
 
     clus = commands.add_parser("cluster", help="virtual cluster of network namespaces (root)")
     clus.add_argument("--workers", type=_csv(int), default=[2, 4])
@@ -120,6 +128,19 @@ def main(argv=None):
                 f.write(text + "\n")
             with open(os.path.join(args.out, "ops.json"), "w") as f:
                 json.dump(result, f, indent=1, default=str)
+        return 0
+    if args.command == "exchange":
+        from tf_mergecomp.bench import exchange
+
+        rows = exchange.run(args.model, args.algorithms, repeats=args.repeats)
+        text = exchange.table(rows, args.model)
+        print(text)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "exchange.md"), "w") as f:
+                f.write(text + "\n")
+            with open(os.path.join(args.out, "exchange.json"), "w") as f:
+                json.dump(rows, f, indent=1)
         return 0
     if args.command == "cluster":
         from tf_mergecomp.bench import cluster
