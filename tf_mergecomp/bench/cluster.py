@@ -9,8 +9,8 @@ in sequence.
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
 (``partitions="layerwise"``), one group (``partitions=1``) and the partition
-searched during warmup (``MergeCompCallback``; partitions=2 while that
-callback is not available, reported in the notes).
+searched during warmup: by training step times (``MergeCompCallback``) or, with
+``--search-on exchange``, by exchange times (worker.py).
 
 Throughput = W x batch / median over measured steps of the slowest rank's
 step time. Exchange time = median over ``--exchange-rounds`` x
@@ -18,7 +18,9 @@ step time. Exchange time = median over ``--exchange-rounds`` x
 slowest rank's time for the gradient exchange alone (worker.py: the
 optimizer's allreduce function on fixed tensors of the model's gradient
 shapes, no backprop): the communication and compression cost that the
-grouping changes, which backprop on a CPU mostly hides. Scaling factor = W-worker throughput / (W x 1-worker fp32
+grouping changes, which backprop on a CPU mostly hides.
+
+Scaling factor = W-worker throughput / (W x 1-worker fp32
 throughput). All ranks share this machine's cores, so per-rank compute time
 (plain local step, measured while the other ranks do the same) is reported
 next to it, and "vs local compute" = W-worker throughput / (W x batch /
@@ -213,8 +215,8 @@ def target_lines(group, single_images_per_s):
         if algorithm in SPEEDUP_TARGET_ALGORITHMS:
             speedup = report.ratio(searched["images_per_s"], layerwise.get("images_per_s"))
             exchange = report.ratio(layerwise.get("exchange_s"), searched.get("exchange_s"))
-            verdicts.append("%s >= 2x layer-wise: %s (throughput %sx, exchange %sx)" % (
-                "MergeComp", _verdict(speedup, 2.0), report.fmt(speedup), report.fmt(exchange)))
+            verdicts.append("MergeComp >= 2x layer-wise: %s (throughput %sx, exchange %sx)" % (
+                _verdict(speedup, 2.0), report.fmt(speedup), report.fmt(exchange)))
         sentinels = [v for v in (layerwise.get("images_per_s"), one.get("images_per_s")) if v]
         if sentinels:
             relative = searched["images_per_s"] / max(sentinels)
