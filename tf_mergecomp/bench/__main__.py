@@ -114,33 +114,30 @@ def apply_quick(args):
     return args
 
 
+def _report(text, data, out_dir, name):
+    """Prints the table; with --out, also writes NAME.md and NAME.json there."""
+    print(text)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, name + ".md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(out_dir, name + ".json"), "w") as f:
+            json.dump(data, f, indent=1, default=str)
+
+
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == "ops":
         from tf_mergecomp.bench import ops
 
         result = ops.run(args.sizes, args.algorithms, budget_s=args.budget)
-        text = ops.table(result)
-        print(text)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "ops.md"), "w") as f:
-                f.write(text + "\n")
-            with open(os.path.join(args.out, "ops.json"), "w") as f:
-                json.dump(result, f, indent=1, default=str)
+        _report(ops.table(result), result, args.out, "ops")
         return 0
     if args.command == "exchange":
         from tf_mergecomp.bench import exchange
 
         rows = exchange.run(args.model, args.algorithms, repeats=args.repeats)
-        text = exchange.table(rows, args.model)
-        print(text)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "exchange.md"), "w") as f:
-                f.write(text + "\n")
-            with open(os.path.join(args.out, "exchange.json"), "w") as f:
-                json.dump(rows, f, indent=1)
+        _report(exchange.table(rows, args.model), rows, args.out, "exchange")
         return 0
     if args.command == "cluster":
         from tf_mergecomp.bench import cluster
