@@ -119,7 +119,7 @@ def build_compression(config):
     return mergecomp, callback_class, ""
 
 
-def _run_config(model, dataset, config, spec, hvd, tf):
+def _run_config(model, dataset, gradients, config, spec, hvd, tf):
     compression, search_callback_class, note = build_compression(config)
     mergecomp = compression if config["kind"] == "mergecomp" else None
     optimizer = hvd.DistributedOptimizer(
@@ -131,7 +131,7 @@ def _run_config(model, dataset, config, spec, hvd, tf):
     )
     search = {}
     started = time.perf_counter()
-    exchange = _make_exchange(model, compression, spec, hvd, tf)
+    exchange = _make_exchange(compression, gradients, tf)
     if search_callback_class is not None:
         search_on = spec.get("search_on", "training")
         if search_on not in SEARCH_ON:
@@ -189,7 +189,14 @@ def _search_partition(model, dataset, mergecomp, callback_class, spec):
     }
 
 
-def _make_exchange(model, compression, spec, hvd, tf):
+def _random_gradients(model, rank, tf):
+    """Fixed random tensors of the model's gradient shapes, different on every rank,
+    shared by the exchanges of all configs."""
+    generator = tf.random.Generator.from_seed(1000 + rank)
+    return [generator.normal(v.shape, dtype=v.dtype) for v in model.trainable_variables]
+
+
+def _make_exchange(compression, gradients, tf):
     """(step, gradients): ``step(gradients)`` runs the optimizer's gradient exchange alone.
 
     ``step`` is the allreduce function Horovod's optimizer builds for this
@@ -203,8 +210,6 @@ def _make_exchange(model, compression, spec, hvd, tf):
     allreduce_grads = hvd_tf._make_allreduce_grads_fn(
         "exchange", "", "", compression, False, hvd_tf.Average, 1.0, None,
         hvd_tf.global_process_set)
-    generator = tf.random.Generator.from_seed(1000 + hvd.rank())
-    gradients = [generator.normal(v.shape, dtype=v.dtype) for v in model.trainable_variables]
     state = {"version": None, "fn": None}
 
     def first_elements(grads):
@@ -338,10 +343,12 @@ def main(argv=None):
         "results": [],
     }
     output["compute_step_s"] = _local_compute_time(model, dataset, spec, tf)
+    gradients = _random_gradients(model, rank, tf)
     exchanges = {}  # label -> exchange of each config that trained
     for config in spec["configs"]:
         try:
-            result, exchanges[config["label"]] = _run_config(model, dataset, config, spec, hvd, tf)
+            result, exchanges[config["label"]] = _run_config(
+                model, dataset, gradients, config, spec, hvd, tf)
             output["results"].append(result)
         except DeadlineExceeded:
             output["results"].append({"label": config["label"], "config": config, "ok": False,
