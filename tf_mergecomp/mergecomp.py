@@ -6,36 +6,44 @@
 
 Per training step, with gradients in backprop order (the order they become
 ready; for Keras models the reverse of ``trainable_variables``) cut into
-contiguous groups by the partition, each group is:
+contiguous groups by the partition, each group costs three ops whatever its
+number of tensors:
 
-  1. flattened into one float32 buffer (mixed-precision and float64 gradients
-     are cast, ``IndexedSlices`` are densified);
-  2. compensated by the error-feedback memory (g + residual, DGC's momentum
-     correction, SIGNUM's momentum, ...);
-  3. compressed by the codec's custom op into one payload;
-  4. sent in one Horovod collective (allreduce-average when payloads can be
-     summed, else allgather);
-  5. decoded and combined (mean, or majority vote), and the memory updated from
-     this worker's own payload;
-  6. split back into the original shapes and dtypes.
+  1. ``MergecompGroupEncode`` takes the group's gradients as a list (any float
+     dtypes and shapes; ``IndexedSlices`` are densified) and each tensor's
+     error-feedback state, and in one kernel compensates the gradients (g + e,
+     SIGNUM's momentum, DGC's momentum correction and accumulation), encodes
+     the group's one payload, decodes this worker's own payload and updates the
+     state in place;
+  2. one Horovod collective sends the payload (allreduce-average when payloads
+     can be summed, else allgather);
+  3. ``MergecompGroupDecode`` decodes and combines (mean, or majority vote)
+     straight into per-tensor outputs of the original shapes and dtypes.
 
 Each group's ops depend only on its own gradients, so a group's communication
-can start while backprop still computes the next groups.
+can start while backprop still computes the next groups. PowerSGD (two
+collectives) and compressors built with ``backend="reference"`` run the
+plain-TF path instead: concatenate, compensate, compress, communicate,
+decompress, update, split; it is the reference the fused ops are tested
+against.
 
 State (all ``tf.Variable``s, tracked by this ``tf.Module`` so they checkpoint):
-memory buffers kept per gradient tensor, independent of the partition (a
-partition change needs no re-layout), the step counter that seeds the codecs'
-random draws, the codec's own state (PowerSGD's Q), and a counter of executed
-collectives. When MergeComp is given to ``hvd.DistributedOptimizer`` (Keras)
-it is attached to the optimizer, so ``tf.train.Checkpoint(optimizer=opt)``
-and ``model.save_weights`` carry it; with ``DistributedGradientTape`` add it
-to your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
+one flat float32 variable per gradient tensor holding the memory's buffers back
+to back (the residual e; SIGNUM's momentum m; DGC's momentum u then
+accumulation v), independent of the partition, so a partition change needs no
+re-layout; the step counter that seeds the codecs' random draws; the codec's
+own state (PowerSGD's Q); and a counter of executed collectives. When
+MergeComp is given to ``hvd.DistributedOptimizer`` (Keras) it is attached to
+the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
+``model.save_weights`` carry it; with ``DistributedGradientTape`` add it to
+your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
 """
 
 import numbers
 
 import tensorflow as tf
 
+from tf_mergecomp import _ops
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
@@ -43,9 +51,13 @@ from tf_mergecomp import memory as memories
 from tf_mergecomp.communication import HorovodCommunicator
 
 # Bit layout of the int64 seed given to codecs: step, group and worker never
-# collide for steps < 2**24 per user seed, 4096 groups and 4095 workers.
+# collide for steps < 2**24 per user seed, 4096 tensors and 4095 workers. A
+# group is named by its first tensor's index, and tensor i of a group draws
+# with the seed + (i << TENSOR_SEED_SHIFT), so codecs that draw per tensor
+# draw the same whatever the partition.
 _STEP_SHIFT = 24
-_GROUP_SHIFT = 12
+_TENSOR_SHIFT = compressors.TENSOR_SEED_SHIFT
+_TENSOR_LIMIT = 1 << (_STEP_SHIFT - _TENSOR_SHIFT)
 _USER_SEED_SHIFT = 48
 
 
@@ -97,7 +109,7 @@ class MergeComp(tf.Module):
         self._splits = None
         self.partition_version = 0
         self._layout = None
-        self._state = {}
+        self._state = None
         self._eager_reduce = None
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.collectives_executed = tf.Variable(
@@ -219,8 +231,7 @@ class MergeComp(tf.Module):
             for index, (start, end) in enumerate(grouping.group_bounds(splits, len(order))):
                 with tf.name_scope("mergecomp_group%d" % index):
                     outputs = self._reduce_group(
-                        index, dense[start:end],
-                        {name: vs[start:end] for name, vs in state.items()},
+                        index, start, dense[start:end], state[start:end] if state else [],
                         step, communicator,
                     )
                     if scale_by_size:
@@ -232,27 +243,52 @@ class MergeComp(tf.Module):
             out[i] = reduced[position]
         return out
 
-    def _reduce_group(self, index, grads, state_vars, step, communicator):
-        flat = grouping.flatten(grads)
-        state = {name: grouping.flatten(vs) for name, vs in state_vars.items()}
-        compensated, state = self.memory.compensate(flat, state)
+    def _group_seed(self, step, start, communicator):
         worker = 0 if self.compressor.shared_seed else communicator.rank + 1
-        seed = (
-            step * (1 << _STEP_SHIFT)
-            + tf.constant((index << _GROUP_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT), tf.int64)
-        )
-        averaged, sent = self.compressor.reduce(
-            compensated, seed, communicator, (index, int(flat.shape[0]))
-        )
+        constant = (start % _TENSOR_LIMIT << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
+        return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
+
+    def _reduce_group(self, index, start, grads, state_vars, step, communicator):
+        seed = self._group_seed(step, start, communicator)
+        key = (index, sum(self._layout.sizes[start:start + len(grads)]))
+        if self.compressor.group_codec is not None and self.compressor.backend == "op":
+            return self._reduce_group_fused(grads, state_vars, seed, communicator, key)
+        return self._reduce_group_reference(grads, state_vars, seed, communicator, key)
+
+    def _reduce_group_fused(self, grads, state_vars, seed, communicator, key):
+        codec = self.compressor
+        codec_attrs = dict(codec=codec.group_codec,
+                           **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
+        ops = _ops.load()
+        payload, codec_context = ops.mergecomp_group_encode(
+            grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
+            memory=self.memory.name, **self.memory.op_attrs(), **codec_attrs)
+        if codec.collective == compressors.ALLREDUCE:
+            collected, rows = communicator.allreduce_mean(payload, key), 1
+        else:
+            collected, rows = communicator.allgather(payload, key), communicator.size
+        return ops.mergecomp_group_decode(
+            collected, codec_context, T=[g.dtype for g in grads], shapes=[g.shape for g in grads],
+            num_rows=rows, **codec_attrs)
+
+    def _reduce_group_reference(self, grads, state_vars, seed, communicator, key):
+        """The plain-TF group: flatten, compensate, compress, decode, update, split."""
+        sizes = [g.shape.num_elements() for g in grads]
+        flat = grouping.flatten(grads)
+        state = {
+            name: grouping.flatten([v[b * n:(b + 1) * n] for v, n in zip(state_vars, sizes)])
+            for b, name in enumerate(self.memory.state_names)
+        }
+        compensated, state = self.memory.compensate(flat, state)
+        averaged, sent = self.compressor.reduce(compensated, seed, communicator, key, sizes=sizes)
         if self.memory.needs_sent:
             state = self.memory.update(compensated, sent(), state)
-        for name, variables in state_vars.items():
-            parts = grouping.unflatten(state[name], [v.shape for v in variables], [tf.float32] * len(variables))
-            for variable, part in zip(variables, parts):
-                variable.assign(part)
-        return grouping.unflatten(
-            averaged, [g.shape for g in grads], [g.dtype for g in grads]
-        )
+        if state:
+            per_name = [tf.split(state[name], sizes) if len(sizes) > 1 else [state[name]]
+                        for name in self.memory.state_names]
+            for variable, buffers in zip(state_vars, zip(*per_name)):
+                variable.assign(tf.concat(buffers, 0) if len(buffers) > 1 else buffers[0])
+        return grouping.unflatten(averaged, [g.shape for g in grads], [g.dtype for g in grads])
 
     # ---- layout and state ----------------------------------------------------------
 
@@ -269,16 +305,17 @@ class MergeComp(tf.Module):
             )
 
     def _state_variables(self):
-        """name -> [one float32 variable per gradient tensor, in backprop order]."""
-        for name in self.memory.state_names:
-            if name not in self._state:
-                with tf.init_scope():
-                    self._state[name] = [
-                        tf.Variable(tf.zeros(shape, tf.float32), trainable=False,
-                                    name="%s_%d" % (name, i))
-                        for i, shape in enumerate(self._layout.shapes)
-                    ]
-        return {name: list(self._state[name]) for name in self.memory.state_names}
+        """One flat float32 variable per gradient tensor (backprop order), holding
+        the memory's buffers back to back; [] when the memory keeps nothing."""
+        names = self.memory.state_names
+        if names and self._state is None:
+            with tf.init_scope():
+                self._state = [
+                    tf.Variable(tf.zeros([len(names) * size], tf.float32), trainable=False,
+                                name="%s_%d" % ("_".join(names), i))
+                    for i, size in enumerate(self._layout.sizes)
+                ]
+        return list(self._state or [])
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)

@@ -7,7 +7,7 @@
 import importlib
 import inspect
 
-from tf_mergecomp.compressors.base import ALLGATHER, ALLREDUCE, Compressor
+from tf_mergecomp.compressors.base import ALLGATHER, ALLREDUCE, TENSOR_SEED_SHIFT, Compressor
 
 # name -> (module, class); modules are imported on first use.
 _REGISTRY = {
@@ -55,4 +55,4 @@ def get(name, **params):
     return cls(**params)
 
 
-__all__ = ["ALLGATHER", "ALLREDUCE", "Compressor", "NAMES", "compressor_class", "get"]
+__all__ = ["ALLGATHER", "ALLREDUCE", "TENSOR_SEED_SHIFT", "Compressor", "NAMES", "compressor_class", "get"]

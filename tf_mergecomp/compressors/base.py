@@ -12,12 +12,18 @@ returns back into the averaged gradient:
                                                  # used by error feedback
 
 ``reduce()`` runs exactly that; algorithms needing more than one collective
-(PowerSGD) override it.
+(PowerSGD) override it. That is the plain-TF path; the engine runs a codec
+with a ``group_codec`` through the fused group ops instead
+(``custom_ops/cc/kernels/group_op.h``), which take the group's tensors as a
+list and give the same bytes.
 """
 
 import tensorflow as tf
 
 BACKENDS = ("op", "reference")
+# Tensor i of a group draws its random numbers with the group's seed plus
+# (i << TENSOR_SEED_SHIFT) (kTensorSeedShift in custom_ops/cc/kernels/group_op.h).
+TENSOR_SEED_SHIFT = 12
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
 
@@ -50,12 +56,17 @@ class Compressor:
       shared_seed: True when every worker must draw the same random numbers
         (the engine then passes the same seed on all ranks); otherwise the
         engine mixes the rank into the seed so workers draw independently.
+      group_codec: the name of the fused group codec implementing this
+        algorithm in MergecompGroupEncode/Decode, or None.
+      payload_dtype: the dtype of the fused ops' payload.
     """
 
     name = None
     collective = ALLGATHER
     default_memory = "none"
     shared_seed = False
+    group_codec = None
+    payload_dtype = tf.uint8
 
     def __init__(self, backend="op"):
         self.backend = check_backend(backend)
@@ -67,6 +78,11 @@ class Compressor:
 
     def default_memory_params(self):
         """Parameters for ``default_memory`` (e.g. SIGNUM's beta)."""
+        return {}
+
+    def group_op_attrs(self, sizes):
+        """The codec attributes of the fused group ops for tensors of these sizes."""
+        del sizes
         return {}
 
     def compress(self, flat, seed):
@@ -85,14 +101,21 @@ class Compressor:
         """Exact bytes this worker puts on the wire for an n-element buffer."""
         raise NotImplementedError
 
-    def reduce(self, flat, seed, communicator, group):
+    def compress_group(self, flat, seed, sizes):
+        """compress() of a group of tensors of these sizes, concatenated in
+        ``flat``; only codecs that treat tensors separately (randomk) look at them."""
+        del sizes
+        return self.compress(flat, seed)
+
+    def reduce(self, flat, seed, communicator, group, sizes=None):
         """Runs compress, the collective and combine for one group.
 
         ``group`` is a hashable key of the group (index and size), for codecs
-        that keep per-group state. Returns (averaged, sent) where ``sent`` is a
-        zero-argument callable giving this worker's decoded contribution.
+        that keep per-group state; ``sizes`` the element counts of the group's
+        tensors (None: one tensor). Returns (averaged, sent) where ``sent`` is
+        a zero-argument callable giving this worker's decoded contribution.
         """
-        payload, ctx = self.compress(flat, seed)
+        payload, ctx = self.compress_group(flat, seed, sizes)
         if self.collective == ALLREDUCE:
             collected = communicator.allreduce_mean(payload, group)
         else:

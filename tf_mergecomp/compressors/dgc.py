@@ -50,6 +50,7 @@ class DGCCompressor(TopKCompressor):
     """Topk's wire format, decode and combine; only the selection differs."""
 
     name = "dgc"
+    group_codec = "dgc"
     default_memory = "dgc"
 
     def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9, backend="op"):
@@ -69,6 +70,10 @@ class DGCCompressor(TopKCompressor):
 
     def default_memory_params(self):
         return {"momentum": self.momentum}
+
+    def group_op_attrs(self, sizes):
+        n = sum(sizes)
+        return {"k": self.k(n), "sample_size": self.sample_size(n)}
 
     def sample_size(self, n):
         return max(MIN_SAMPLE, int(math.ceil(round(self.sample_ratio * n, 9))))

@@ -36,6 +36,7 @@ from tf_mergecomp.compressors._sign import (
 
 class EFSignSGDCompressor(DenseAllgatherCodec):
     name = "efsignsgd"
+    group_codec = "efsignsgd"
     default_memory = "residual"
 
     def payload_nbytes(self, n):

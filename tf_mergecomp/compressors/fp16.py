@@ -25,6 +25,8 @@ from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32
 class FP16Compressor(Compressor):
     name = "fp16"
     collective = ALLREDUCE
+    group_codec = "fp16"
+    payload_dtype = tf.float16
     default_memory = "none"
 
     def compress(self, flat, seed):

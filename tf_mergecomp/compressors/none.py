@@ -19,6 +19,8 @@ from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32
 class NoneCompressor(Compressor):
     name = "none"
     collective = ALLREDUCE
+    group_codec = "none"
+    payload_dtype = tf.float32
     default_memory = "none"
 
     def compress(self, flat, seed):

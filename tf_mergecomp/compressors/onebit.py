@@ -42,6 +42,7 @@ def _side_mean(mask, values64):
 
 class OneBitCompressor(DenseAllgatherCodec):
     name = "onebit"
+    group_codec = "onebit"
     default_memory = "residual"
 
     def payload_nbytes(self, n):

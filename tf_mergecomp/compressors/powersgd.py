@@ -139,7 +139,7 @@ class PowerSGDCompressor(Compressor, tf.Module):
             return load().mergecomp_powersgd_orthonormalize(matrix)
         return reference_orthonormalize(matrix)
 
-    def reduce(self, flat, seed, communicator, group):
+    def reduce(self, flat, seed, communicator, group, sizes=None):
         n = static_length(flat)
         dtype = flat.dtype
         if n == 0:

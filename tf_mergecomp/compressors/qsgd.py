@@ -57,6 +57,7 @@ def code_bits(levels):
 
 class QSGDCompressor(DenseAllgatherCodec):
     name = "qsgd"
+    group_codec = "qsgd"
     default_memory = "none"
 
     def __init__(self, levels=64, backend="op"):
@@ -73,6 +74,9 @@ class QSGDCompressor(DenseAllgatherCodec):
 
     def payload_nbytes(self, n):
         return 4 + (n * self.bits + 7) // 8
+
+    def group_op_attrs(self, sizes):
+        return {"levels": self.levels}
 
     def _encode_op(self, values, seed):
         return self.ops().mergecomp_qsgd_encode(values, seed, levels=self.levels)

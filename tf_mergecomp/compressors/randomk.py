@@ -1,37 +1,46 @@
-"""Random-k sparsification with a seed shared by all workers.
+"""Random-k sparsification with a seed shared by all workers, per tensor.
 
 Algorithm (Stich et al. 2018, "Sparsified SGD with Memory"; Wangni et al.
-2018): every worker keeps the same k = ceil(ratio * n) positions, drawn
-uniformly without replacement from a seed that the engine makes identical on
-all workers (shared_seed; step and group are mixed into it). Because the
-positions agree, the k values can be averaged with an allreduce.
+2018): every worker keeps the same k_i = ceil(ratio * n_i) positions of each
+tensor i of the group, drawn uniformly without replacement from a seed that
+the engine makes identical on all workers (shared_seed; step and tensor are
+mixed into it). A merged group samples each of its tensors exactly as that
+tensor would be sampled in a group of its own (tensor i of a group draws with
+seed + (i << TENSOR_SEED_SHIFT), and a group's seed names its first tensor),
+so merging changes the number of collectives, not the draws or the accuracy.
+Because the positions agree, the values can be averaged with an allreduce.
 
-Index draw: position i gets the counter-based key RandomBits(seed, i)
-(custom_ops/cc/kernels/random.h); the k largest keys win, ties to the lower
-index, and the positions are used in ascending order. That is a uniform random
-k-subset, the same for the op (CPU or CUDA) and the plain-TF reference
-(tf.math.top_k on the keys).
+Index draw: position j of a tensor gets the counter-based key
+RandomBits(seed_i, j) (custom_ops/cc/kernels/random.h); the k_i largest keys
+win, ties to the lower index, and the positions are used in ascending order.
+That is a uniform random k_i-subset, the same for the op (CPU or CUDA) and the
+plain-TF reference (tf.math.top_k on the keys).
 
 Decode (decompress and combine): scatter the (averaged) values into zeros.
-With scale=True they are multiplied by n / k first, which makes the decoded
-vector an unbiased estimate of g (E[decode] = g over seeds). With scale=False
-(the default: "scatter, then mean over workers") the decode is the plain
-projection onto the chosen positions. Error feedback must use scale=False:
-the residual memory then keeps exactly the entries that were not sent
-(e = g - g_S); with scale=True the residual would subtract (n/k) g_S and grow.
+With scale=True tensor i's values are multiplied by n_i / k_i first, which
+makes the decoded vector an unbiased estimate of g (E[decode] = g over seeds).
+With scale=False (the default: "scatter, then mean over workers") the decode is
+the plain projection onto the chosen positions. Error feedback must use
+scale=False: the residual memory then keeps exactly the entries that were not
+sent (e = g - g_S); with scale=True the residual would subtract (n/k) g_S and
+grow.
 
 State: none in the codec; default memory "residual".
-Wire format: k float32 values (4k bytes), in ascending position order.
-Collective: allreduce (Average). Defaults: ratio = 0.01, scale = False.
-Ops: MergecompRandomkIndices (radix select over the keys, O(n), sharded);
-gathering and scattering use tf.gather / tf.scatter_nd in both backends.
+Wire format: sum_i k_i float32 values (4 sum_i k_i bytes), tensor by tensor,
+each in ascending position order. Collective: allreduce (Average).
+Defaults: ratio = 0.01, scale = False.
+Ops: the group codec "randomk" of MergecompGroupEncode/Decode;
+MergecompRandomkIndices (radix select over the keys, O(n), sharded) for the
+reference, which gathers and scatters with tf.gather / tf.scatter_nd.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random, _sparse
-from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32, check_ratio
+from tf_mergecomp.compressors.base import (ALLREDUCE, TENSOR_SEED_SHIFT, Compressor, as_float32,
+                                           check_ratio)
 
 
 class RandomKCompressor(Compressor):
@@ -39,6 +48,8 @@ class RandomKCompressor(Compressor):
     collective = ALLREDUCE
     default_memory = "residual"
     shared_seed = True
+    group_codec = "randomk"
+    payload_dtype = tf.float32
 
     def __init__(self, ratio=0.01, scale=False, backend="op"):
         super().__init__(backend)
@@ -57,6 +68,9 @@ class RandomKCompressor(Compressor):
     def payload_nbytes(self, n):
         return 4 * self.k(n)
 
+    def group_op_attrs(self, sizes):
+        return {"tensor_k": [self.k(n) for n in sizes], "scale": self.scale}
+
     def indices(self, seed, n):
         """The k positions (int32, ascending) for this seed."""
         k = self.k(n)
@@ -69,16 +83,27 @@ class RandomKCompressor(Compressor):
         return _sparse.reference_select_largest(keys, k)
 
     def compress(self, flat, seed):
+        return self.compress_group(flat, seed, None)
+
+    def compress_group(self, flat, seed, sizes):
         n = _sparse.static_length(flat)
-        indices = self.indices(seed, n)
+        sizes = [n] if sizes is None else list(sizes)
+        seed = tf.cast(seed, tf.int64)
+        positions, offset = [], 0
+        for i, size in enumerate(sizes):
+            positions.append(self.indices(seed + (i << TENSOR_SEED_SHIFT), size) + offset)
+            offset += size
+        indices = positions[0] if len(positions) == 1 else tf.concat(positions, 0)
         payload = tf.gather(as_float32(flat), indices)
-        return payload, (n, indices, flat.dtype)
+        return payload, (n, sizes, indices, flat.dtype)
 
     def decompress(self, payload, ctx):
-        n, indices, dtype = ctx
-        k = self.k(n)
-        if self.scale and k > 0:
-            payload = payload * (n / k)
+        n, sizes, indices, dtype = ctx
+        if self.scale:
+            # n_i / k_i rounded to float32 once per tensor, as the op does.
+            factors = np.concatenate([np.full(self.k(size), size / max(self.k(size), 1), np.float32)
+                                      for size in sizes])
+            payload = payload * factors
         dense = tf.scatter_nd(tf.reshape(indices, [-1, 1]), payload, [n])
         return tf.cast(dense, dtype)
 

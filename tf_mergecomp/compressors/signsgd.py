@@ -34,6 +34,7 @@ from tf_mergecomp.compressors._sign import (
 
 class SignSGDCompressor(DenseAllgatherCodec):
     name = "signsgd"
+    group_codec = "signsgd"
     default_memory = "none"
 
     def payload_nbytes(self, n):

@@ -40,6 +40,7 @@ from tf_mergecomp.compressors._sign import (
 
 class TernGradCompressor(DenseAllgatherCodec):
     name = "terngrad"
+    group_codec = "terngrad"
     default_memory = "none"
 
     def payload_nbytes(self, n):

@@ -32,6 +32,7 @@ from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, che
 class TopKCompressor(Compressor):
     name = "topk"
     collective = ALLGATHER
+    group_codec = "topk"
     default_memory = "residual"
 
     def __init__(self, ratio=0.01, backend="op"):
@@ -47,6 +48,9 @@ class TopKCompressor(Compressor):
 
     def payload_nbytes(self, n):
         return 8 * self.k(n)
+
+    def group_op_attrs(self, sizes):
+        return {"k": self.k(sum(sizes))}
 
     def _encode(self, values, seed, n, k):
         """float32[n] -> the 8k-byte payload (subclasses choose the k differently)."""

@@ -14,6 +14,11 @@ class Memory:
     def params(self):
         return {}
 
+    def op_attrs(self):
+        """MergecompGroupEncode's decay and gradient_scale for this memory (its
+        ``memory`` attribute is ``name``)."""
+        return {}
+
     def compensate(self, grad, state):
         """Returns (the buffer to compress, the state after compensation)."""
         return grad, state

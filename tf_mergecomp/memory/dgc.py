@@ -33,6 +33,9 @@ class DGCMemory(Memory):
     def params(self):
         return {"momentum": self.momentum}
 
+    def op_attrs(self):
+        return {"decay": self.momentum}
+
     def compensate(self, grad, state):
         u = self.momentum * state["momentum"] + grad
         v = state["accumulation"] + u

@@ -23,6 +23,10 @@ class MomentumMemory(Memory):
     def params(self):
         return {"beta": self.beta}
 
+    def op_attrs(self):
+        # Rounded to float32 as the plain-TF compensate rounds them.
+        return {"decay": self.beta, "gradient_scale": 1.0 - self.beta}
+
     def compensate(self, grad, state):
         m = self.beta * state["momentum"] + (1.0 - self.beta) * grad
         return m, {"momentum": m}

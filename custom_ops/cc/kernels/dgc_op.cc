@@ -152,6 +152,17 @@ class DgcEncodeOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("MergecompDgcEncode").Device(tensorflow::DEVICE_CPU).HostMemory("seed"),
                         DgcEncodeOp<CPUDevice>);
 
+class DgcGroupCodec : public SparseGroupCodec {
+ public:
+  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+                const GroupCodecParams& params, int64_t seed, uint8_t* payload,
+                int32_t*) const override {
+    return DgcEncodeFunctor<CPUDevice>()(context, input, layout.total(), seed, params.k,
+                                         params.sample_size, payload);
+  }
+};
+REGISTER_GROUP_CODEC("dgc", DgcGroupCodec);
+
 #if GOOGLE_CUDA
 using GPUDevice = Eigen::GpuDevice;
 // Specialised in dgc_op_gpu.cu.cc.

@@ -1,6 +1,7 @@
 // EF-SignSGD CPU kernels: one pass packs the sign bits and sums |x| (in
 // double, per block, blocks combined in order).
 #include "cc/kernels/efsignsgd_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <vector>
@@ -73,5 +74,9 @@ REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdEncode").Device(tensorflow::DEVI
                         DenseEncodeOp<EfsignsgdEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<EfsignsgdDecodeFunctor<CPUDevice>>);
+
+using EfsignsgdGroupCodec =
+    DenseGroupCodec<EfsignsgdEncodeFunctor<CPUDevice>, EfsignsgdDecodeFunctor<CPUDevice>>;
+REGISTER_GROUP_CODEC("efsignsgd", EfsignsgdGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -2,6 +2,7 @@
 // them, Eigen's scalar round-to-nearest-even conversion otherwise; both give
 // IEEE results, so they agree bit for bit on every finite and infinite value.
 #include "cc/kernels/fp16_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <cstring>
 
@@ -87,5 +88,51 @@ REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_CP
                         Fp16EncodeOp<CPUDevice>);
 REGISTER_KERNEL_BUILDER(Name("MergecompFp16Decode").Device(tensorflow::DEVICE_CPU),
                         Fp16DecodeOp<CPUDevice>);
+
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+
+// The group as one float16 buffer (2 bytes per element), averaged by allreduce.
+class Fp16GroupCodec : public GroupCodec {
+ public:
+  int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
+    return 2 * layout.total();
+  }
+  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+                const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {
+    Fp16EncodeFunctor<CPUDevice>()(context, input, layout.total(),
+                                   reinterpret_cast<uint16_t*>(payload));
+    return tensorflow::OkStatus();
+  }
+  Status Decode(OpKernelContext* context, const uint8_t* rows, int64_t, const int32_t*,
+                const GroupLayout& layout, const GroupCodecParams&, float* output) const override {
+    Fp16DecodeFunctor<CPUDevice>()(context, reinterpret_cast<const uint16_t*>(rows),
+                                   layout.total(), output);
+    return tensorflow::OkStatus();
+  }
+};
+REGISTER_GROUP_CODEC("fp16", Fp16GroupCodec);
+
+// No compression: the payload is the compensated float32 group itself.
+class NoneGroupCodec : public GroupCodec {
+ public:
+  int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
+    return 4 * layout.total();
+  }
+  bool PayloadIsInput() const override { return true; }
+  Status Encode(OpKernelContext*, const float* input, const GroupLayout& layout,
+                const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {
+    if (reinterpret_cast<const uint8_t*>(input) != payload) {
+      memcpy(payload, input, 4 * layout.total());
+    }
+    return tensorflow::OkStatus();
+  }
+  Status Decode(OpKernelContext*, const uint8_t* rows, int64_t, const int32_t*,
+                const GroupLayout& layout, const GroupCodecParams&, float* output) const override {
+    memcpy(output, rows, 4 * layout.total());
+    return tensorflow::OkStatus();
+  }
+};
+REGISTER_GROUP_CODEC("none", NoneGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -1,6 +1,7 @@
 // 1-bit SGD CPU kernels: one pass packs the sign bits and sums each side (in
 // double, per block, blocks combined in order).
 #include "cc/kernels/onebit_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <vector>
 
@@ -116,5 +117,9 @@ REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_
                         DenseEncodeOp<OnebitEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompOnebitDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<OnebitDecodeFunctor<CPUDevice>>);
+
+using OnebitGroupCodec =
+    DenseGroupCodec<OnebitEncodeFunctor<CPUDevice>, OnebitDecodeFunctor<CPUDevice>>;
+REGISTER_GROUP_CODEC("onebit", OnebitGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -3,6 +3,7 @@
 // stochastic levels. Codes of 8 bits (levels 64..127, the default 64) are
 // stored as bytes directly; other widths go through a bit packer.
 #include "cc/kernels/qsgd_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <vector>
@@ -243,5 +244,9 @@ REGISTER_KERNEL_BUILDER(Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_CP
                         DenseEncodeOp<QsgdEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompQsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<QsgdDecodeFunctor<CPUDevice>>);
+
+using QsgdGroupCodec =
+    DenseGroupCodec<QsgdEncodeFunctor<CPUDevice>, QsgdDecodeFunctor<CPUDevice>>;
+REGISTER_GROUP_CODEC("qsgd", QsgdGroupCodec);
 
 }  // namespace tf_mergecomp

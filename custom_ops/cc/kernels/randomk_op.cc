@@ -4,6 +4,9 @@
 #endif
 #include "cc/kernels/randomk_op.h"
 
+#include <algorithm>
+
+#include "cc/kernels/group_op.h"
 #include "cc/kernels/random.h"
 #include "cc/kernels/sparse_select.h"
 #include "cc/kernels/topk_op.h"
@@ -61,6 +64,78 @@ class RandomkIndicesOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVICE_CPU),
                         RandomkIndicesOp<CPUDevice>);
+
+// Random-k within a group samples each tensor on its own, k_i = tensor_k[i]
+// positions drawn from TensorSeed(seed, i), as the tensor would be sampled
+// in a group of its own: merging changes no draw. The payload is the
+// tensors' values back to back; codec_context holds their positions in the
+// group's flat space for the decoder.
+class RandomkGroupCodec : public GroupCodec {
+ public:
+  int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams& params) const override {
+    return 4 * ContextSize(layout, params);
+  }
+  int64_t ContextSize(const GroupLayout&, const GroupCodecParams& params) const override {
+    int64_t slots = 0;
+    for (int64_t k : params.tensor_k) slots += k;
+    return slots;
+  }
+  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+                const GroupCodecParams& params, int64_t seed, uint8_t* payload,
+                int32_t* positions) const override {
+    TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
+    float* values = reinterpret_cast<float*>(payload);
+    int64_t slot = 0;
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      const int64_t k = params.tensor_k[i];
+      TF_RETURN_IF_ERROR(RandomkIndicesFunctor<CPUDevice>()(context, TensorSeed(seed, i),
+                                                            layout.size(i), k, positions + slot));
+      for (int64_t end = slot + k; slot < end; ++slot) {
+        positions[slot] += static_cast<int32_t>(layout.offset(i));
+        values[slot] = input[positions[slot]];
+      }
+    }
+    return tensorflow::OkStatus();
+  }
+  Status Decode(OpKernelContext*, const uint8_t* rows, int64_t, const int32_t* positions,
+                const GroupLayout& layout, const GroupCodecParams& params,
+                float* output) const override {
+    TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
+    const float* values = reinterpret_cast<const float*>(rows);
+    std::fill(output, output + layout.total(), 0.0f);
+    int64_t slot = 0;
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      const int64_t k = params.tensor_k[i];
+      // scale: the unbiased n_i / k_i, rounded to float32 once.
+      const float scale = params.scale && k > 0
+                              ? static_cast<float>(static_cast<double>(layout.size(i)) / k)
+                              : 1.0f;
+      for (int64_t end = slot + k; slot < end; ++slot) {
+        output[positions[slot]] = params.scale ? values[slot] * scale : values[slot];
+      }
+    }
+    return tensorflow::OkStatus();
+  }
+
+ private:
+  static Status CheckTensorK(const GroupLayout& layout, const GroupCodecParams& params) {
+    if (static_cast<int64_t>(params.tensor_k.size()) != layout.num_tensors() ||
+        layout.total() > INT32_MAX) {
+      return tensorflow::errors::InvalidArgument(
+          "randomk needs one k per tensor (", layout.num_tensors(), ", got ",
+          params.tensor_k.size(), ") and a group of < 2^31 elements");
+    }
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      if (params.tensor_k[i] < 0 || params.tensor_k[i] > layout.size(i)) {
+        return tensorflow::errors::InvalidArgument("randomk: tensor ", i, " has k = ",
+                                                   params.tensor_k[i], " outside [0, ",
+                                                   layout.size(i), "]");
+      }
+    }
+    return tensorflow::OkStatus();
+  }
+};
+REGISTER_GROUP_CODEC("randomk", RandomkGroupCodec);
 
 #if GOOGLE_CUDA
 using GPUDevice = Eigen::GpuDevice;

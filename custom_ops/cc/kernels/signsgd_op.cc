@@ -1,5 +1,6 @@
 // SignSGD / SIGNUM CPU kernels: sign bits out, majority vote back.
 #include "cc/kernels/signsgd_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <vector>
 
@@ -32,5 +33,9 @@ REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE
                         DenseEncodeOp<SignsgdEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<SignsgdDecodeFunctor<CPUDevice>>);
+
+using SignsgdGroupCodec =
+    DenseGroupCodec<SignsgdEncodeFunctor<CPUDevice>, SignsgdDecodeFunctor<CPUDevice>>;
+REGISTER_GROUP_CODEC("signsgd", SignsgdGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -1,6 +1,7 @@
 // TernGrad CPU kernels. Encoding takes two passes: max |x| (per block, NaN
 // tracked separately because max() would drop it), then the Bernoulli draws.
 #include "cc/kernels/terngrad_op.h"
+#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <limits>
@@ -184,5 +185,9 @@ REGISTER_KERNEL_BUILDER(Name("MergecompTerngradEncode").Device(tensorflow::DEVIC
                         DenseEncodeOp<TerngradEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<TerngradDecodeFunctor<CPUDevice>>);
+
+using TerngradGroupCodec =
+    DenseGroupCodec<TerngradEncodeFunctor<CPUDevice>, TerngradDecodeFunctor<CPUDevice>>;
+REGISTER_GROUP_CODEC("terngrad", TerngradGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -131,6 +131,23 @@ REGISTER_KERNEL_BUILDER(Name("MergecompTopkEncode").Device(tensorflow::DEVICE_CP
 REGISTER_KERNEL_BUILDER(Name("MergecompSparseScatterMean").Device(tensorflow::DEVICE_CPU),
                         SparseScatterMeanOp<CPUDevice>);
 
+Status SparseGroupCodec::Decode(OpKernelContext* context, const uint8_t* rows, int64_t num_rows,
+                                const int32_t*, const GroupLayout& layout,
+                                const GroupCodecParams& params, float* output) const {
+  return SparseScatterMeanFunctor<CPUDevice>()(context, rows, num_rows, params.k, layout.total(),
+                                               output);
+}
+
+class TopkGroupCodec : public SparseGroupCodec {
+ public:
+  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+                const GroupCodecParams& params, int64_t, uint8_t* payload,
+                int32_t*) const override {
+    return TopkEncodeFunctor<CPUDevice>()(context, input, layout.total(), params.k, payload);
+  }
+};
+REGISTER_GROUP_CODEC("topk", TopkGroupCodec);
+
 #if GOOGLE_CUDA
 using GPUDevice = Eigen::GpuDevice;
 // Specialised in topk_op_gpu.cu.cc.

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "cc/kernels/group_op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/threadpool.h"
 
@@ -25,6 +26,18 @@ template <typename Device>
 struct SparseScatterMeanFunctor {
   tensorflow::Status operator()(tensorflow::OpKernelContext* context, const uint8_t* payloads,
                                 int64_t workers, int64_t k, int64_t n, float* output);
+};
+
+// The group codecs sending k slots of the group's flat space (topk, dgc):
+// their payload size and decode (CPU, in topk_op.cc).
+class SparseGroupCodec : public GroupCodec {
+ public:
+  int64_t PayloadBytes(const GroupLayout&, const GroupCodecParams& params) const override {
+    return 8 * params.k;
+  }
+  tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
+                            int64_t num_rows, const int32_t*, const GroupLayout& layout,
+                            const GroupCodecParams& params, float* output) const override;
 };
 
 // Runs fn(b) for b in [0, num_blocks) on TensorFlow's intra-op pool.

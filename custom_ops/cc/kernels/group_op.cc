@@ -1,0 +1,390 @@
+// CPU kernels of MergecompGroupEncode and MergecompGroupDecode (see
+// group_op.h), and the group codec registry.
+#include "cc/kernels/group_op.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "cc/kernels/dense_cpu.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
+#include "tensorflow/core/platform/mutex.h"
+
+namespace tf_mergecomp {
+
+using tensorflow::DataType;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Status;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+int64_t GroupLayout::FirstTensorAt(int64_t flat_index) const {
+  // The last tensor starting at or before flat_index; empty tensors starting
+  // at the same offset come before it and are skipped.
+  const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), flat_index);
+  return std::max<int64_t>(0, (after - offsets_.begin()) - 1);
+}
+
+namespace {
+
+std::map<std::string, GroupCodecFactory>& Registry() {
+  static auto* registry = new std::map<std::string, GroupCodecFactory>();
+  return *registry;
+}
+
+}  // namespace
+
+GroupCodecRegistrar::GroupCodecRegistrar(const char* name, GroupCodecFactory factory) {
+  Registry()[name] = std::move(factory);
+}
+
+std::unique_ptr<GroupCodec> MakeGroupCodec(const std::string& name) {
+  const auto found = Registry().find(name);
+  return found == Registry().end() ? nullptr : found->second();
+}
+
+std::string GroupCodecNames() {
+  std::string names;
+  for (const auto& entry : Registry()) names += (names.empty() ? "" : ", ") + entry.first;
+  return names;
+}
+
+namespace {
+
+// Calls fn(T()) with T the C++ type of a float dtype.
+template <typename Fn>
+void DispatchFloatType(DataType dtype, const Fn& fn) {
+  switch (dtype) {
+    case tensorflow::DT_HALF: return fn(Eigen::half());
+    case tensorflow::DT_BFLOAT16: return fn(Eigen::bfloat16());
+    case tensorflow::DT_FLOAT: return fn(float());
+    case tensorflow::DT_DOUBLE: return fn(double());
+    default: return;  // the ops' type constraints admit no other dtype
+  }
+}
+
+// Runs fn(tensor, begin, end) over every tensor part of the group's flat
+// space, in blocks sharded over the intra-op pool.
+template <typename Fn>
+void ForEachPartInParallel(OpKernelContext* context, const GroupLayout& layout,
+                           int64_t cost_per_element, const Fn& fn) {
+  ForEachBlock(context, NumBlocks(layout.total()), kBlockElements * cost_per_element,
+               [&](int64_t block) {
+                 const int64_t begin = block * kBlockElements;
+                 layout.ForEachPart(begin, std::min(begin + kBlockElements, layout.total()), fn);
+               });
+}
+
+Status ReadGroupCodec(OpKernelConstruction* context, std::unique_ptr<GroupCodec>* codec,
+                      GroupCodecParams* params, DataType* payload_type) {
+  std::string name;
+  TF_RETURN_IF_ERROR(context->GetAttr("codec", &name));
+  *codec = MakeGroupCodec(name);
+  if (*codec == nullptr) {
+    return tensorflow::errors::InvalidArgument("unknown group codec '", name,
+                                               "'; valid choices: ", GroupCodecNames());
+  }
+  TF_RETURN_IF_ERROR(context->GetAttr("payload_type", payload_type));
+  return ReadGroupCodecParams(context, params);
+}
+
+enum class Memory { kNone, kResidual, kMomentum, kDgc };
+
+int StateBuffers(Memory memory) {
+  return memory == Memory::kNone ? 0 : (memory == Memory::kDgc ? 2 : 1);
+}
+
+// Compensation of one tensor part (see the op's doc): state holds the
+// tensor's buffers back to back, n elements each; p is the part's slot in the
+// compensated group. Each float operation rounds once, as the plain-TF
+// memories do, so the two agree bit for bit.
+template <typename T>
+void CompensatePart(Memory memory, float decay, float gradient_scale, const T* g, float* state,
+                    int64_t n, int64_t begin, int64_t end, float* p) {
+  switch (memory) {
+    case Memory::kNone:
+      for (int64_t j = begin; j < end; ++j) p[j] = static_cast<float>(g[j]);
+      return;
+    case Memory::kResidual:
+      for (int64_t j = begin; j < end; ++j) p[j] = static_cast<float>(g[j]) + state[j];
+      return;
+    case Memory::kMomentum:
+      for (int64_t j = begin; j < end; ++j) {
+        const float decayed = decay * state[j];
+        state[j] = decayed + gradient_scale * static_cast<float>(g[j]);
+        p[j] = state[j];
+      }
+      return;
+    case Memory::kDgc: {
+      float* u = state;
+      float* v = state + n;
+      for (int64_t j = begin; j < end; ++j) {
+        u[j] = decay * u[j] + static_cast<float>(g[j]);
+        v[j] = v[j] + u[j];
+        p[j] = v[j];
+      }
+      return;
+    }
+  }
+}
+
+// The state after this worker sent s = decode(own payload) of p.
+void UpdatePart(Memory memory, const float* p, const float* s, float* state, int64_t n,
+                int64_t begin, int64_t end) {
+  if (memory == Memory::kResidual) {
+    for (int64_t j = begin; j < end; ++j) state[j] = p[j] - s[j];
+  } else if (memory == Memory::kDgc) {
+    float* u = state;
+    float* v = state + n;
+    for (int64_t j = begin; j < end; ++j) {
+      v[j] = p[j] - s[j];
+      u[j] = u[j] * (s[j] == 0.0f ? 1.0f : 0.0f);  // momentum-factor masking
+    }
+  }
+}
+
+// The state variables of a group, locked for the kernel's duration in
+// address order (so two kernels sharing variables cannot deadlock), each with
+// a buffer of its own to update in place: a buffer still shared with a
+// tensor that read the variable earlier is copied first, as TensorFlow's
+// fused optimizer kernels do.
+class LockedState {
+ public:
+  Status Acquire(OpKernelContext* context, int first_input, int count,
+                 const GroupLayout& layout, int buffers) {
+    variables_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+          context, tensorflow::HandleFromInput(context, first_input + i), &variables_[i]));
+    }
+    std::vector<tensorflow::Var*> order;
+    for (auto& variable : variables_) order.push_back(variable.get());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    if (order.size() != variables_.size()) {
+      return tensorflow::errors::InvalidArgument("a state variable is passed twice");
+    }
+    for (auto* variable : order) {
+      variable->mu()->lock();
+      locked_.push_back(variable);
+    }
+    buffers_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      Tensor* tensor = variables_[i]->tensor();
+      const int64_t expected = buffers * layout.size(i);
+      if (!variables_[i]->is_initialized || tensor->dtype() != tensorflow::DT_FLOAT ||
+          tensor->NumElements() != expected) {
+        return tensorflow::errors::InvalidArgument(
+            "state variable ", i, " must be an initialized float32 variable of ", expected,
+            " elements (", buffers, " buffer(s) of the tensor's ", layout.size(i),
+            "), got ", tensorflow::DataTypeString(tensor->dtype()), " ",
+            tensor->shape().DebugString());
+      }
+      if (!variables_[i]->copy_on_read_mode.load() && !tensor->RefCountIsOne()) {
+        Tensor copy;
+        TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensor->shape(), &copy));
+        memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+        *tensor = copy;
+      }
+      buffers_[i] = tensor->flat<float>().data();
+    }
+    return tensorflow::OkStatus();
+  }
+
+  ~LockedState() {
+    for (auto* variable : locked_) variable->mu()->unlock();
+  }
+
+  float* buffer(int64_t i) const { return buffers_.empty() ? nullptr : buffers_[i]; }
+
+ private:
+  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;
+  std::vector<tensorflow::Var*> locked_;
+  std::vector<float*> buffers_;
+};
+
+class GroupEncodeOp : public OpKernel {
+ public:
+  explicit GroupEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, ReadGroupCodec(context, &codec_, &params_, &payload_type_));
+    std::string memory;
+    OP_REQUIRES_OK(context, context->GetAttr("memory", &memory));
+    memory_ = memory == "residual"   ? Memory::kResidual
+              : memory == "momentum" ? Memory::kMomentum
+              : memory == "dgc"      ? Memory::kDgc
+                                     : Memory::kNone;
+    OP_REQUIRES_OK(context, context->GetAttr("decay", &decay_));
+    OP_REQUIRES_OK(context, context->GetAttr("gradient_scale", &gradient_scale_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    tensorflow::OpInputList gradients;
+    OP_REQUIRES_OK(context, context->input_list("gradients", &gradients));
+    std::vector<int64_t> sizes;
+    for (const Tensor& g : gradients) sizes.push_back(g.NumElements());
+    const GroupLayout layout(sizes);
+    const Tensor& seed_tensor = context->input(context->num_inputs() - 1);
+    OP_REQUIRES(context, tensorflow::TensorShapeUtils::IsScalar(seed_tensor.shape()),
+                tensorflow::errors::InvalidArgument("seed must be a scalar"));
+    const int64_t seed = seed_tensor.scalar<int64_t>()();
+
+    int state_begin, state_end;
+    OP_REQUIRES_OK(context, InputRange("state", &state_begin, &state_end));
+    const int expected_state = memory_ == Memory::kNone ? 0 : gradients.size();
+    OP_REQUIRES(context, state_end - state_begin == expected_state,
+                tensorflow::errors::InvalidArgument(
+                    "this memory needs ", expected_state, " state variables (one per tensor), got ",
+                    state_end - state_begin));
+    LockedState state;
+    OP_REQUIRES_OK(context, state.Acquire(context, state_begin, state_end - state_begin, layout,
+                                          StateBuffers(memory_)));
+
+    const int64_t payload_bytes = codec_->PayloadBytes(layout, params_);
+    Tensor* payload_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, TensorShape({payload_bytes / tensorflow::DataTypeSize(payload_type_)}),
+                                &payload_tensor));
+    Tensor* context_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                1, TensorShape({codec_->ContextSize(layout, params_)}),
+                                &context_tensor));
+    auto* payload = static_cast<uint8_t*>(payload_tensor->data());
+    int32_t* codec_context = context_tensor->flat<int32_t>().data();
+
+    // The compensated group p: the gradient itself when there is nothing to
+    // compensate, convert or concatenate (a float32 group of one tensor).
+    const float* input = nullptr;
+    Tensor compensated;
+    if (memory_ == Memory::kNone && gradients.size() == 1 &&
+        gradients[0].dtype() == tensorflow::DT_FLOAT) {
+      input = gradients[0].flat<float>().data();
+    } else {
+      float* p = nullptr;
+      if (codec_->PayloadIsInput()) {
+        p = reinterpret_cast<float*>(payload);
+      } else {
+        OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
+                                                       TensorShape({layout.total()}), &compensated));
+        p = compensated.flat<float>().data();
+      }
+      ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
+        DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
+          using T = decltype(type_tag);
+          const T* g = static_cast<const T*>(gradients[i].data());
+          CompensatePart<T>(memory_, decay_, gradient_scale_, g, state.buffer(i), layout.size(i),
+                            begin, end, p + layout.offset(i));
+        });
+      });
+      input = p;
+    }
+    OP_REQUIRES_OK(context, codec_->Encode(context, input, layout, params_, seed, payload,
+                                           codec_context));
+
+    if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
+      Tensor sent;
+      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
+                                                     TensorShape({layout.total()}), &sent));
+      float* s = sent.flat<float>().data();
+      OP_REQUIRES_OK(context, codec_->Decode(context, payload, 1, codec_context, layout, params_, s));
+      ForEachPartInParallel(context, layout, 3, [&](int64_t i, int64_t begin, int64_t end) {
+        const int64_t offset = layout.offset(i);
+        UpdatePart(memory_, input + offset, s + offset, state.buffer(i), layout.size(i), begin, end);
+      });
+    }
+  }
+
+ private:
+  std::unique_ptr<GroupCodec> codec_;
+  GroupCodecParams params_;
+  DataType payload_type_;
+  Memory memory_ = Memory::kNone;
+  float decay_ = 0.0f;
+  float gradient_scale_ = 1.0f;
+};
+
+class GroupDecodeOp : public OpKernel {
+ public:
+  explicit GroupDecodeOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, ReadGroupCodec(context, &codec_, &params_, &payload_type_));
+    OP_REQUIRES_OK(context, context->GetAttr("num_rows", &num_rows_));
+    OP_REQUIRES_OK(context, context->GetAttr("T", &dtypes_));
+    std::vector<tensorflow::PartialTensorShape> shapes;
+    OP_REQUIRES_OK(context, context->GetAttr("shapes", &shapes));
+    OP_REQUIRES(context, shapes.size() == dtypes_.size(),
+                tensorflow::errors::InvalidArgument("shapes and T must have the same length"));
+    std::vector<int64_t> sizes;
+    for (const auto& shape : shapes) {
+      TensorShape full;
+      OP_REQUIRES(context, shape.AsTensorShape(&full),
+                  tensorflow::errors::InvalidArgument("shapes must be fully defined, got ",
+                                                      shape.DebugString()));
+      shapes_.push_back(full);
+      sizes.push_back(full.num_elements());
+    }
+    layout_ = GroupLayout(sizes);
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rows = context->input(0);
+    const Tensor& context_tensor = context->input(1);
+    const int64_t row_bytes = codec_->PayloadBytes(layout_, params_);
+    OP_REQUIRES(context, rows.TotalBytes() == static_cast<size_t>(num_rows_ * row_bytes),
+                tensorflow::errors::InvalidArgument(
+                    "the collected payloads hold ", rows.TotalBytes(), " bytes; expected ",
+                    num_rows_, " row(s) of ", row_bytes, " bytes"));
+    OP_REQUIRES(context, context_tensor.NumElements() == codec_->ContextSize(layout_, params_),
+                tensorflow::errors::InvalidArgument("codec_context has ", context_tensor.NumElements(),
+                                                    " entries; expected ",
+                                                    codec_->ContextSize(layout_, params_)));
+    tensorflow::OpOutputList outputs;
+    OP_REQUIRES_OK(context, context->output_list("gradients", &outputs));
+    std::vector<Tensor*> tensors(shapes_.size());
+    for (size_t i = 0; i < shapes_.size(); ++i) {
+      OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &tensors[i]));
+    }
+    const auto* payload = static_cast<const uint8_t*>(rows.data());
+    const int32_t* codec_context = context_tensor.flat<int32_t>().data();
+    if (tensors.size() == 1 && dtypes_[0] == tensorflow::DT_FLOAT) {
+      OP_REQUIRES_OK(context, codec_->Decode(context, payload, num_rows_, codec_context, layout_,
+                                             params_, tensors[0]->flat<float>().data()));
+      return;
+    }
+    Tensor combined;
+    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
+                                                   TensorShape({layout_.total()}), &combined));
+    const float* flat = combined.flat<float>().data();
+    OP_REQUIRES_OK(context, codec_->Decode(context, payload, num_rows_, codec_context, layout_,
+                                           params_, combined.flat<float>().data()));
+    ForEachPartInParallel(context, layout_, 2, [&](int64_t i, int64_t begin, int64_t end) {
+      const float* part = flat + layout_.offset(i);
+      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* out = static_cast<T*>(tensors[i]->data());
+        for (int64_t j = begin; j < end; ++j) out[j] = static_cast<T>(part[j]);
+      });
+    });
+  }
+
+ private:
+  std::unique_ptr<GroupCodec> codec_;
+  GroupCodecParams params_;
+  DataType payload_type_;
+  int64_t num_rows_ = 1;
+  tensorflow::DataTypeVector dtypes_;
+  std::vector<TensorShape> shapes_;
+  GroupLayout layout_;
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("MergecompGroupEncode").Device(tensorflow::DEVICE_CPU),
+                        GroupEncodeOp);
+REGISTER_KERNEL_BUILDER(Name("MergecompGroupDecode").Device(tensorflow::DEVICE_CPU),
+                        GroupDecodeOp);
+
+}  // namespace tf_mergecomp

@@ -1,0 +1,163 @@
+// Group codecs: one encode and one decode kernel per merged group, over the
+// group's gradient tensors as a list.
+//
+// MergecompGroupEncode takes the group's gradients (any float dtypes and
+// shapes) and each tensor's error-feedback state (one float32 resource
+// variable per tensor), and in one kernel compensates the gradients with the
+// state, encodes the one wire payload, decodes this worker's own payload and
+// updates the state in place. MergecompGroupDecode turns what the collective
+// returned into the averaged gradients, written straight into per-tensor
+// outputs of the original shapes and dtypes. No concat, split, cast or assign
+// op is left in the traced step.
+//
+// The group is seen as one flat float32 index space: tensor i holds
+// [offset(i), offset(i + 1)). Each codec implements GroupCodec over that
+// space and registers itself by name (REGISTER_GROUP_CODEC, in its own
+// <codec>_op.cc), so the kernels here are the same for every codec.
+#ifndef TF_MERGECOMP_GROUP_OP_H_
+#define TF_MERGECOMP_GROUP_OP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace tf_mergecomp {
+
+// Element offsets of the group's tensors in its flat index space.
+class GroupLayout {
+ public:
+  GroupLayout() : offsets_{0} {}
+  explicit GroupLayout(const std::vector<int64_t>& sizes) : offsets_{0} {
+    for (int64_t size : sizes) offsets_.push_back(offsets_.back() + size);
+  }
+  int64_t num_tensors() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  int64_t total() const { return offsets_.back(); }
+  int64_t offset(int64_t i) const { return offsets_[i]; }
+  int64_t size(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
+
+  // Calls fn(tensor, begin, end) for each tensor's part of the flat range
+  // [flat_begin, flat_end), with begin/end local to the tensor.
+  template <typename Fn>
+  void ForEachPart(int64_t flat_begin, int64_t flat_end, const Fn& fn) const {
+    int64_t i = FirstTensorAt(flat_begin);
+    for (; i < num_tensors() && offsets_[i] < flat_end; ++i) {
+      const int64_t begin = std::max(flat_begin, offsets_[i]) - offsets_[i];
+      const int64_t end = std::min(flat_end, offsets_[i + 1]) - offsets_[i];
+      if (end > begin) fn(i, begin, end);
+    }
+  }
+
+ private:
+  int64_t FirstTensorAt(int64_t flat_index) const;
+  std::vector<int64_t> offsets_;  // num_tensors + 1 entries
+};
+
+// Codec parameters, from the ops' attributes (each codec reads its own).
+struct GroupCodecParams {
+  int64_t levels = 0;                   // qsgd's s
+  int64_t k = 0;                        // topk, dgc: slots of the group
+  std::vector<int64_t> tensor_k;        // randomk: k_i per tensor
+  int64_t sample_size = 0;              // dgc
+  bool scale = false;                   // randomk: decode multiplies by n_i / k_i
+};
+
+class GroupCodec {
+ public:
+  virtual ~GroupCodec() = default;
+
+  // Bytes one worker puts on the wire for the group. The only definition of
+  // each codec's payload size: the shape function and the kernels use it.
+  virtual int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams& params) const = 0;
+
+  // int32 entries the decoder needs besides the payload (random-k's positions).
+  virtual int64_t ContextSize(const GroupLayout&, const GroupCodecParams&) const { return 0; }
+
+  // True when the payload is the float32 buffer itself (no compression), so
+  // the compensated gradients are written straight into it.
+  virtual bool PayloadIsInput() const { return false; }
+
+  // input: the compensated float32 group. seed: this worker's seed of the
+  // step and group; tensor i of a codec drawing per tensor uses
+  // TensorSeed(seed, i).
+  virtual tensorflow::Status Encode(tensorflow::OpKernelContext* context, const float* input,
+                                    const GroupLayout& layout, const GroupCodecParams& params,
+                                    int64_t seed, uint8_t* payload, int32_t* codec_context) const = 0;
+
+  // rows: `num_rows` payloads back to back (the allgather of every worker's,
+  // or the one averaged payload of an allreduce); writes the combined float32
+  // group into output.
+  virtual tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
+                                    int64_t num_rows, const int32_t* codec_context,
+                                    const GroupLayout& layout, const GroupCodecParams& params,
+                                    float* output) const = 0;
+};
+
+// Seeds of a group hold the index of its first tensor in bits [12, 24)
+// (tf_mergecomp/mergecomp.py): tensor i of the group then draws exactly what
+// it draws as a group of its own, so per-tensor draws do not depend on the
+// partition.
+constexpr int kTensorSeedShift = 12;
+inline int64_t TensorSeed(int64_t group_seed, int64_t tensor) {
+  return group_seed + (tensor << kTensorSeedShift);
+}
+
+using GroupCodecFactory = std::function<std::unique_ptr<GroupCodec>()>;
+
+// The codec registered under `name`, or nullptr.
+std::unique_ptr<GroupCodec> MakeGroupCodec(const std::string& name);
+// The registered names, comma-separated, for error messages.
+std::string GroupCodecNames();
+
+struct GroupCodecRegistrar {
+  GroupCodecRegistrar(const char* name, GroupCodecFactory factory);
+};
+
+#define MERGECOMP_CONCAT_INNER(a, b) a##b
+#define MERGECOMP_CONCAT(a, b) MERGECOMP_CONCAT_INNER(a, b)
+#define REGISTER_GROUP_CODEC(name, Codec)                                                  \
+  static ::tf_mergecomp::GroupCodecRegistrar MERGECOMP_CONCAT(group_codec_registrar_,      \
+                                                              __COUNTER__)(                \
+      name, [] { return std::unique_ptr<::tf_mergecomp::GroupCodec>(new Codec()); })
+
+// Reads the codec attributes of the group ops (OpKernelConstruction or the
+// shape function's InferenceContext) into params.
+template <typename AttrSource>
+tensorflow::Status ReadGroupCodecParams(AttrSource* source, GroupCodecParams* params) {
+  TF_RETURN_IF_ERROR(source->GetAttr("levels", &params->levels));
+  TF_RETURN_IF_ERROR(source->GetAttr("k", &params->k));
+  TF_RETURN_IF_ERROR(source->GetAttr("tensor_k", &params->tensor_k));
+  TF_RETURN_IF_ERROR(source->GetAttr("sample_size", &params->sample_size));
+  TF_RETURN_IF_ERROR(source->GetAttr("scale", &params->scale));
+  return tensorflow::OkStatus();
+}
+
+// Adapts a dense codec's flat functors (dense_op.h's convention: an encode
+// functor with PayloadBytes(n, levels), a decode functor averaging W rows)
+// to a GroupCodec over the whole group's flat space.
+template <typename EncodeFunctor, typename DecodeFunctor>
+class DenseGroupCodec : public GroupCodec {
+ public:
+  int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams& params) const override {
+    return EncodeFunctor::PayloadBytes(layout.total(), params.levels);
+  }
+  tensorflow::Status Encode(tensorflow::OpKernelContext* context, const float* input,
+                            const GroupLayout& layout, const GroupCodecParams& params,
+                            int64_t seed, uint8_t* payload, int32_t*) const override {
+    EncodeFunctor()(context, input, layout.total(), seed, params.levels, payload);
+    return tensorflow::OkStatus();
+  }
+  tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
+                            int64_t num_rows, const int32_t*, const GroupLayout& layout,
+                            const GroupCodecParams& params, float* output) const override {
+    DecodeFunctor()(context, rows, num_rows, layout.total(), params.levels, output);
+    return tensorflow::OkStatus();
+  }
+};
+
+}  // namespace tf_mergecomp
+
+#endif  // TF_MERGECOMP_GROUP_OP_H_
