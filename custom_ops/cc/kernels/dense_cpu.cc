@@ -1,6 +1,8 @@
 // The shared two-level decoder of the sign codecs (see dense_cpu.h).
 #include "cc/kernels/dense_cpu.h"
 
+#include <memory>
+
 namespace tf_mergecomp {
 namespace {
 
@@ -36,16 +38,22 @@ MERGECOMP_AVX2 void AccumulateRowAvx2(const uint8_t* bits, int64_t begin, int64_
 
 }  // namespace
 
+float* ThreadBlockBuffer(int slot) {
+  thread_local std::unique_ptr<float[]> buffers[3];
+  if (!buffers[slot]) buffers[slot].reset(new float[kBlockElements]);
+  return buffers[slot].get();
+}
+
 void DecodeTwoLevel(tensorflow::OpKernelContext* context, const uint8_t* payload,
                     int64_t world_size, int64_t row_bytes, int64_t bits_offset,
                     const float* hi, const float* lo, int64_t n, TwoLevelCombine combine,
-                    float* out) {
+                    const BlockOutput& out) {
   const bool avx2 = CpuHasAvx2();
   const float divisor = static_cast<float>(world_size);
   ForEachBlock(context, NumBlocks(n), kBlockElements * (2 * world_size + 2), [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t count = std::min(kBlockElements, n - begin);
-    float* dst = out + begin;
+    float* dst = out.Begin(begin, count);
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* bits = payload + w * row_bytes + bits_offset;
 #if MERGECOMP_X86
@@ -61,6 +69,7 @@ void DecodeTwoLevel(tensorflow::OpKernelContext* context, const uint8_t* payload
     } else {
       for (int64_t i = 0; i < count; ++i) dst[i] = dst[i] >= 0.0f ? 1.0f : -1.0f;
     }
+    out.Commit(begin, count, dst);
   });
   (void)avx2;
 }

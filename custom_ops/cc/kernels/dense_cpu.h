@@ -72,6 +72,55 @@ std::vector<T> ReduceBlocks(tensorflow::OpKernelContext* context, int64_t n,
   return partial;
 }
 
+// The codecs' CPU kernels read their float32 input and write their float32
+// output block by block ([begin, begin + count) with begin a multiple of
+// kBlockElements), so that a merged group's tensors need not be
+// concatenated first: a block inside one tensor is read or written in place,
+// one that spans tensors goes through a per-thread buffer that stays in cache.
+class BlockInput {
+ public:
+  virtual ~BlockInput() = default;
+  // The values [begin, begin + count), valid until this thread's next Block().
+  virtual const float* Block(int64_t begin, int64_t count) const = 0;
+  // All n values in one array when the input is one, else nullptr.
+  virtual const float* Contiguous() const { return nullptr; }
+};
+
+class BlockOutput {
+ public:
+  virtual ~BlockOutput() = default;
+  // Where to write the values [begin, begin + count).
+  virtual float* Begin(int64_t begin, int64_t count) const = 0;
+  // Called once those values are written.
+  virtual void Commit(int64_t /*begin*/, int64_t /*count*/, float* /*written*/) const {}
+  // All n values in one array when the output is one, else nullptr.
+  virtual float* Contiguous() const { return nullptr; }
+};
+
+class ContiguousInput : public BlockInput {
+ public:
+  explicit ContiguousInput(const float* data) : data_(data) {}
+  const float* Block(int64_t begin, int64_t) const override { return data_ + begin; }
+  const float* Contiguous() const override { return data_; }
+
+ private:
+  const float* data_;
+};
+
+class ContiguousOutput : public BlockOutput {
+ public:
+  explicit ContiguousOutput(float* data) : data_(data) {}
+  float* Begin(int64_t begin, int64_t) const override { return data_ + begin; }
+  float* Contiguous() const override { return data_; }
+
+ private:
+  float* data_;
+};
+
+// A per-thread buffer of kBlockElements floats: slot 0 for inputs, 1 for
+// outputs, 2 for an output that reads its input back.
+float* ThreadBlockBuffer(int slot);
+
 // Packs IsNonNegative(x[i]) for i in [0, count) into ceil(count / 8) bytes.
 inline void PackSignBitsScalar(const float* x, int64_t count, uint8_t* out) {
   for (int64_t byte = 0; byte * 8 < count; ++byte) {
@@ -149,7 +198,7 @@ enum class TwoLevelCombine { kMean, kMajority };
 void DecodeTwoLevel(tensorflow::OpKernelContext* context, const uint8_t* payload,
                     int64_t world_size, int64_t row_bytes, int64_t bits_offset,
                     const float* hi, const float* lo, int64_t n, TwoLevelCombine combine,
-                    float* out);
+                    const BlockOutput& out);
 
 }  // namespace tf_mergecomp
 

@@ -154,10 +154,13 @@ REGISTER_KERNEL_BUILDER(Name("MergecompDgcEncode").Device(tensorflow::DEVICE_CPU
 
 class DgcGroupCodec : public SparseGroupCodec {
  public:
-  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+  Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t seed, uint8_t* payload,
                 int32_t*) const override {
-    return DgcEncodeFunctor<CPUDevice>()(context, input, layout.total(), seed, params.k,
+    const float* values;
+    Tensor storage;
+    TF_RETURN_IF_ERROR(ContiguousInputData(context, input, layout.total(), &storage, &values));
+    return DgcEncodeFunctor<CPUDevice>()(context, values, layout.total(), seed, params.k,
                                          params.sample_size, payload);
   }
 };

@@ -42,25 +42,21 @@ MERGECOMP_AVX2 double PackAndSumAbsAvx2(const float* x, int64_t count, uint8_t* 
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void EfsignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                   const float* input, int64_t n, int64_t,
-                                                   int64_t, uint8_t* payload) {
+void EfsignsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input,
+                           int64_t n, int64_t, int64_t, uint8_t* payload) {
   const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumAbsAvx2, PackAndSumAbsScalar);
   uint8_t* bits = payload + kEfsignsgdHeaderBytes;
   const std::vector<double> partial = ReduceBlocks<double>(
       context, n, 2 * kBlockElements,
-      [&](int64_t begin, int64_t count) { return pack(input + begin, count, bits + begin / 8); });
+      [&](int64_t begin, int64_t count) { return pack(input.Block(begin, count), count, bits + begin / 8); });
   double sum = 0.0;
   for (double p : partial) sum += p;
   StoreFloat(payload, n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f);
 }
 
-template <>
-void EfsignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                   const uint8_t* payload, int64_t world_size,
-                                                   int64_t n, int64_t, float* output) {
-  const int64_t row_bytes = RowBytes(n, 0);
+void EfsignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                           int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
+  const int64_t row_bytes = EfsignsgdDecodeFunctor<CPUDevice>::RowBytes(n, 0);
   std::vector<float> plus(world_size), minus(world_size);
   for (int64_t w = 0; w < world_size; ++w) {
     plus[w] = LoadFloat(payload + w * row_bytes);
@@ -70,13 +66,27 @@ void EfsignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* 
                  minus.data(), n, TwoLevelCombine::kMean, output);
 }
 
+template <>
+void EfsignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                             const float* input, int64_t n, int64_t seed,
+                                             int64_t levels, uint8_t* payload) {
+  EfsignsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
+}
+
+template <>
+void EfsignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                             const uint8_t* payload, int64_t world_size,
+                                             int64_t n, int64_t levels, float* output) {
+  EfsignsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
+}
+
 REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdEncode").Device(tensorflow::DEVICE_CPU),
                         DenseEncodeOp<EfsignsgdEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<EfsignsgdDecodeFunctor<CPUDevice>>);
 
-using EfsignsgdGroupCodec =
-    DenseGroupCodec<EfsignsgdEncodeFunctor<CPUDevice>, EfsignsgdDecodeFunctor<CPUDevice>>;
+using EfsignsgdGroupCodec = DenseGroupCodec<EfsignsgdEncodeFunctor<CPUDevice>::PayloadBytes,
+                                        EfsignsgdEncodeBlocks, EfsignsgdDecodeBlocks>;
 REGISTER_GROUP_CODEC("efsignsgd", EfsignsgdGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -58,30 +58,48 @@ __attribute__((target("avx,f16c"))) void FromHalfF16c(const uint16_t* x, int64_t
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void Fp16EncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const float* input, int64_t n, uint16_t* output) {
+void Fp16EncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
+                      uint16_t* output) {
   ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t count = std::min(kBlockElements, n - begin);
+    const float* block_input = input.Block(begin, count);
 #if MERGECOMP_X86
-    if (CpuHasF16c()) return ToHalfF16c(input + begin, count, output + begin);
+    if (CpuHasF16c()) return ToHalfF16c(block_input, count, output + begin);
 #endif
-    ToHalfScalar(input + begin, count, output + begin);
+    ToHalfScalar(block_input, count, output + begin);
   });
+}
+
+void Fp16DecodeBlocks(tensorflow::OpKernelContext* context, const uint16_t* input, int64_t n,
+                      const BlockOutput& output) {
+  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+    float* block_output = output.Begin(begin, count);
+#if MERGECOMP_X86
+    if (CpuHasF16c()) {
+      FromHalfF16c(input + begin, count, block_output);
+    } else {
+      FromHalfScalar(input + begin, count, block_output);
+    }
+#else
+    FromHalfScalar(input + begin, count, block_output);
+#endif
+    output.Commit(begin, count, block_output);
+  });
+}
+
+template <>
+void Fp16EncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                              const float* input, int64_t n, uint16_t* output) {
+  Fp16EncodeBlocks(context, ContiguousInput(input), n, output);
 }
 
 template <>
 void Fp16DecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
                                               const uint16_t* input, int64_t n, float* output) {
-  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    const int64_t count = std::min(kBlockElements, n - begin);
-#if MERGECOMP_X86
-    if (CpuHasF16c()) return FromHalfF16c(input + begin, count, output + begin);
-#endif
-    FromHalfScalar(input + begin, count, output + begin);
-  });
+  Fp16DecodeBlocks(context, input, n, ContiguousOutput(output));
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_CPU),
@@ -98,16 +116,15 @@ class Fp16GroupCodec : public GroupCodec {
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
     return 2 * layout.total();
   }
-  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+  Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {
-    Fp16EncodeFunctor<CPUDevice>()(context, input, layout.total(),
-                                   reinterpret_cast<uint16_t*>(payload));
+    Fp16EncodeBlocks(context, input, layout.total(), reinterpret_cast<uint16_t*>(payload));
     return tensorflow::OkStatus();
   }
   Status Decode(OpKernelContext* context, const uint8_t* rows, int64_t, const int32_t*,
-                const GroupLayout& layout, const GroupCodecParams&, float* output) const override {
-    Fp16DecodeFunctor<CPUDevice>()(context, reinterpret_cast<const uint16_t*>(rows),
-                                   layout.total(), output);
+                const GroupLayout& layout, const GroupCodecParams&,
+                const BlockOutput& output) const override {
+    Fp16DecodeBlocks(context, reinterpret_cast<const uint16_t*>(rows), layout.total(), output);
     return tensorflow::OkStatus();
   }
 };
@@ -119,17 +136,15 @@ class NoneGroupCodec : public GroupCodec {
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
     return 4 * layout.total();
   }
-  bool PayloadIsInput() const override { return true; }
-  Status Encode(OpKernelContext*, const float* input, const GroupLayout& layout,
+  Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {
-    if (reinterpret_cast<const uint8_t*>(input) != payload) {
-      memcpy(payload, input, 4 * layout.total());
-    }
+    CopyToContiguous(context, input, layout.total(), reinterpret_cast<float*>(payload));
     return tensorflow::OkStatus();
   }
-  Status Decode(OpKernelContext*, const uint8_t* rows, int64_t, const int32_t*,
-                const GroupLayout& layout, const GroupCodecParams&, float* output) const override {
-    memcpy(output, rows, 4 * layout.total());
+  Status Decode(OpKernelContext* context, const uint8_t* rows, int64_t, const int32_t*,
+                const GroupLayout& layout, const GroupCodecParams&,
+                const BlockOutput& output) const override {
+    CopyFromContiguous(context, reinterpret_cast<const float*>(rows), layout.total(), output);
     return tensorflow::OkStatus();
   }
 };

@@ -23,7 +23,7 @@ using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 
-int64_t GroupLayout::FirstTensorAt(int64_t flat_index) const {
+int64_t GroupLayout::TensorAt(int64_t flat_index) const {
   // The last tensor starting at or before flat_index; empty tensors starting
   // at the same offset come before it and are skipped.
   const auto after = std::upper_bound(offsets_.begin(), offsets_.end(), flat_index);
@@ -52,6 +52,37 @@ std::string GroupCodecNames() {
   std::string names;
   for (const auto& entry : Registry()) names += (names.empty() ? "" : ", ") + entry.first;
   return names;
+}
+
+void CopyToContiguous(OpKernelContext* context, const BlockInput& input, int64_t n, float* data) {
+  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+    const float* values = input.Block(begin, count);
+    if (values != data + begin) memcpy(data + begin, values, count * sizeof(float));
+  });
+}
+
+void CopyFromContiguous(OpKernelContext* context, const float* data, int64_t n,
+                        const BlockOutput& output) {
+  ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    const int64_t count = std::min(kBlockElements, n - begin);
+    float* destination = output.Begin(begin, count);
+    if (destination != data + begin) memcpy(destination, data + begin, count * sizeof(float));
+    output.Commit(begin, count, destination);
+  });
+}
+
+Status ContiguousInputData(OpKernelContext* context, const BlockInput& input, int64_t n,
+                           Tensor* storage, const float** data) {
+  *data = input.Contiguous();
+  if (*data != nullptr) return tensorflow::OkStatus();
+  TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({n}), storage));
+  float* values = storage->flat<float>().data();
+  CopyToContiguous(context, input, n, values);
+  *data = values;
+  return tensorflow::OkStatus();
 }
 
 namespace {
@@ -99,51 +130,24 @@ int StateBuffers(Memory memory) {
   return memory == Memory::kNone ? 0 : (memory == Memory::kDgc ? 2 : 1);
 }
 
-// Compensation of one tensor part (see the op's doc): state holds the
-// tensor's buffers back to back, n elements each; p is the part's slot in the
-// compensated group. Each float operation rounds once, as the plain-TF
-// memories do, so the two agree bit for bit.
+// The memories that write their state before encoding: the compensated
+// group then lives in the state (SIGNUM's m, DGC's v) and is read from there.
+// Each float operation rounds once, as the plain-TF memories do, so the two
+// agree bit for bit.
 template <typename T>
-void CompensatePart(Memory memory, float decay, float gradient_scale, const T* g, float* state,
-                    int64_t n, int64_t begin, int64_t end, float* p) {
-  switch (memory) {
-    case Memory::kNone:
-      for (int64_t j = begin; j < end; ++j) p[j] = static_cast<float>(g[j]);
-      return;
-    case Memory::kResidual:
-      for (int64_t j = begin; j < end; ++j) p[j] = static_cast<float>(g[j]) + state[j];
-      return;
-    case Memory::kMomentum:
-      for (int64_t j = begin; j < end; ++j) {
-        const float decayed = decay * state[j];
-        state[j] = decayed + gradient_scale * static_cast<float>(g[j]);
-        p[j] = state[j];
-      }
-      return;
-    case Memory::kDgc: {
-      float* u = state;
-      float* v = state + n;
-      for (int64_t j = begin; j < end; ++j) {
-        u[j] = decay * u[j] + static_cast<float>(g[j]);
-        v[j] = v[j] + u[j];
-        p[j] = v[j];
-      }
-      return;
+void CompensateInState(Memory memory, float decay, float gradient_scale, const T* g,
+                       float* state, int64_t n, int64_t begin, int64_t end) {
+  if (memory == Memory::kMomentum) {
+    for (int64_t j = begin; j < end; ++j) {
+      const float decayed = decay * state[j];
+      state[j] = decayed + gradient_scale * static_cast<float>(g[j]);
     }
-  }
-}
-
-// The state after this worker sent s = decode(own payload) of p.
-void UpdatePart(Memory memory, const float* p, const float* s, float* state, int64_t n,
-                int64_t begin, int64_t end) {
-  if (memory == Memory::kResidual) {
-    for (int64_t j = begin; j < end; ++j) state[j] = p[j] - s[j];
   } else if (memory == Memory::kDgc) {
     float* u = state;
     float* v = state + n;
     for (int64_t j = begin; j < end; ++j) {
-      v[j] = p[j] - s[j];
-      u[j] = u[j] * (s[j] == 0.0f ? 1.0f : 0.0f);  // momentum-factor masking
+      u[j] = decay * u[j] + static_cast<float>(g[j]);
+      v[j] = v[j] + u[j];
     }
   }
 }
@@ -208,6 +212,140 @@ class LockedState {
   std::vector<float*> buffers_;
 };
 
+// The compensated group p, block by block: g (memory none), g + e
+// (residual, computed as it is read), or the state the compensation wrote
+// (momentum: m; dgc: v). A block inside one tensor whose p is already a
+// float32 array is read in place.
+class CompensatedInput : public BlockInput {
+ public:
+  CompensatedInput(const GroupLayout& layout, const tensorflow::OpInputList& gradients,
+                   Memory memory, const LockedState& state)
+      : layout_(layout), gradients_(gradients), memory_(memory), state_(state) {}
+
+  const float* Block(int64_t begin, int64_t count) const override {
+    const int64_t i = layout_.TensorAt(begin);
+    if (begin + count <= layout_.offset(i + 1)) {
+      if (const float* values = InPlace(i)) return values + (begin - layout_.offset(i));
+    }
+    float* block = ThreadBlockBuffer(0);
+    layout_.ForEachPart(begin, begin + count, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      float* p = block + (layout_.offset(t) + part_begin - begin) - part_begin;
+      if (const float* values = InPlace(t)) {
+        memcpy(p + part_begin, values + part_begin, (part_end - part_begin) * sizeof(float));
+        return;
+      }
+      const float* e = memory_ == Memory::kResidual ? state_.buffer(t) : nullptr;
+      DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        const T* g = static_cast<const T*>(gradients_[t].data());
+        for (int64_t j = part_begin; j < part_end; ++j) {
+          p[j] = e ? static_cast<float>(g[j]) + e[j] : static_cast<float>(g[j]);
+        }
+      });
+    });
+    return block;
+  }
+
+  const float* Contiguous() const override {
+    return layout_.num_tensors() == 1 ? InPlace(0) : nullptr;
+  }
+
+ private:
+  const float* InPlace(int64_t i) const {
+    switch (memory_) {
+      case Memory::kNone:
+        return gradients_[i].dtype() == tensorflow::DT_FLOAT
+                   ? static_cast<const float*>(gradients_[i].data())
+                   : nullptr;
+      case Memory::kMomentum: return state_.buffer(i);
+      case Memory::kDgc: return state_.buffer(i) + layout_.size(i);
+      case Memory::kResidual: return nullptr;
+    }
+    return nullptr;
+  }
+
+  const GroupLayout& layout_;
+  const tensorflow::OpInputList& gradients_;
+  Memory memory_;
+  const LockedState& state_;
+};
+
+// Receives s = decode(this worker's own payload) block by block and updates
+// the state: residual e <- p - s; dgc v <- p - s and u <- u * (s == 0)
+// (momentum-factor masking).
+class StateUpdateOutput : public BlockOutput {
+ public:
+  StateUpdateOutput(const GroupLayout& layout, const BlockInput& compensated, Memory memory,
+                    const LockedState& state)
+      : layout_(layout), compensated_(compensated), memory_(memory), state_(state) {}
+
+  float* Begin(int64_t, int64_t) const override { return ThreadBlockBuffer(1); }
+
+  void Commit(int64_t begin, int64_t count, float* sent) const override {
+    const float* p = compensated_.Block(begin, count);
+    layout_.ForEachPart(begin, begin + count, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      const int64_t shift = layout_.offset(t) - begin;
+      const float* p_t = p + shift;
+      const float* s_t = sent + shift;
+      float* state = state_.buffer(t);
+      if (memory_ == Memory::kResidual) {
+        for (int64_t j = part_begin; j < part_end; ++j) state[j] = p_t[j] - s_t[j];
+        return;
+      }
+      float* u = state;
+      float* v = state + layout_.size(t);
+      for (int64_t j = part_begin; j < part_end; ++j) {
+        v[j] = p_t[j] - s_t[j];
+        u[j] = u[j] * (s_t[j] == 0.0f ? 1.0f : 0.0f);
+      }
+    });
+  }
+
+ private:
+  const GroupLayout& layout_;
+  const BlockInput& compensated_;
+  Memory memory_;
+  const LockedState& state_;
+};
+
+// The decoded group written into the op's per-tensor outputs: in place for a
+// block inside one float32 tensor, else through a buffer cast into each.
+class TensorListOutput : public BlockOutput {
+ public:
+  TensorListOutput(const GroupLayout& layout, const std::vector<Tensor*>& tensors)
+      : layout_(layout), tensors_(tensors) {}
+
+  float* Begin(int64_t begin, int64_t count) const override {
+    const int64_t i = layout_.TensorAt(begin);
+    if (begin + count <= layout_.offset(i + 1) && tensors_[i]->dtype() == tensorflow::DT_FLOAT) {
+      return static_cast<float*>(tensors_[i]->data()) + (begin - layout_.offset(i));
+    }
+    return ThreadBlockBuffer(1);
+  }
+
+  void Commit(int64_t begin, int64_t count, float* written) const override {
+    if (written != ThreadBlockBuffer(1)) return;  // written in place
+    layout_.ForEachPart(begin, begin + count, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      const float* values = written + (layout_.offset(t) - begin);
+      DispatchFloatType(tensors_[t]->dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* out = static_cast<T*>(tensors_[t]->data());
+        for (int64_t j = part_begin; j < part_end; ++j) out[j] = static_cast<T>(values[j]);
+      });
+    });
+  }
+
+  float* Contiguous() const override {
+    return tensors_.size() == 1 && tensors_[0]->dtype() == tensorflow::DT_FLOAT
+               ? static_cast<float*>(tensors_[0]->data())
+               : nullptr;
+  }
+
+ private:
+  const GroupLayout& layout_;
+  const std::vector<Tensor*>& tensors_;
+};
+
 class GroupEncodeOp : public OpKernel {
  public:
   explicit GroupEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -256,45 +394,23 @@ class GroupEncodeOp : public OpKernel {
     auto* payload = static_cast<uint8_t*>(payload_tensor->data());
     int32_t* codec_context = context_tensor->flat<int32_t>().data();
 
-    // The compensated group p: the gradient itself when there is nothing to
-    // compensate, convert or concatenate (a float32 group of one tensor).
-    const float* input = nullptr;
-    Tensor compensated;
-    if (memory_ == Memory::kNone && gradients.size() == 1 &&
-        gradients[0].dtype() == tensorflow::DT_FLOAT) {
-      input = gradients[0].flat<float>().data();
-    } else {
-      float* p = nullptr;
-      if (codec_->PayloadIsInput()) {
-        p = reinterpret_cast<float*>(payload);
-      } else {
-        OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
-                                                       TensorShape({layout.total()}), &compensated));
-        p = compensated.flat<float>().data();
-      }
+    if (memory_ == Memory::kMomentum || memory_ == Memory::kDgc) {
       ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
         DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
           using T = decltype(type_tag);
-          const T* g = static_cast<const T*>(gradients[i].data());
-          CompensatePart<T>(memory_, decay_, gradient_scale_, g, state.buffer(i), layout.size(i),
-                            begin, end, p + layout.offset(i));
+          CompensateInState<T>(memory_, decay_, gradient_scale_,
+                               static_cast<const T*>(gradients[i].data()), state.buffer(i),
+                               layout.size(i), begin, end);
         });
       });
-      input = p;
     }
-    OP_REQUIRES_OK(context, codec_->Encode(context, input, layout, params_, seed, payload,
+    const CompensatedInput compensated(layout, gradients, memory_, state);
+    OP_REQUIRES_OK(context, codec_->Encode(context, compensated, layout, params_, seed, payload,
                                            codec_context));
-
     if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
-      Tensor sent;
-      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
-                                                     TensorShape({layout.total()}), &sent));
-      float* s = sent.flat<float>().data();
-      OP_REQUIRES_OK(context, codec_->Decode(context, payload, 1, codec_context, layout, params_, s));
-      ForEachPartInParallel(context, layout, 3, [&](int64_t i, int64_t begin, int64_t end) {
-        const int64_t offset = layout.offset(i);
-        UpdatePart(memory_, input + offset, s + offset, state.buffer(i), layout.size(i), begin, end);
-      });
+      const StateUpdateOutput update(layout, compensated, memory_, state);
+      OP_REQUIRES_OK(context,
+                     codec_->Decode(context, payload, 1, codec_context, layout, params_, update));
     }
   }
 
@@ -347,27 +463,10 @@ class GroupDecodeOp : public OpKernel {
     for (size_t i = 0; i < shapes_.size(); ++i) {
       OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &tensors[i]));
     }
-    const auto* payload = static_cast<const uint8_t*>(rows.data());
-    const int32_t* codec_context = context_tensor.flat<int32_t>().data();
-    if (tensors.size() == 1 && dtypes_[0] == tensorflow::DT_FLOAT) {
-      OP_REQUIRES_OK(context, codec_->Decode(context, payload, num_rows_, codec_context, layout_,
-                                             params_, tensors[0]->flat<float>().data()));
-      return;
-    }
-    Tensor combined;
-    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_FLOAT,
-                                                   TensorShape({layout_.total()}), &combined));
-    const float* flat = combined.flat<float>().data();
-    OP_REQUIRES_OK(context, codec_->Decode(context, payload, num_rows_, codec_context, layout_,
-                                           params_, combined.flat<float>().data()));
-    ForEachPartInParallel(context, layout_, 2, [&](int64_t i, int64_t begin, int64_t end) {
-      const float* part = flat + layout_.offset(i);
-      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
-        using T = decltype(type_tag);
-        T* out = static_cast<T*>(tensors[i]->data());
-        for (int64_t j = begin; j < end; ++j) out[j] = static_cast<T>(part[j]);
-      });
-    });
+    const TensorListOutput output(layout_, tensors);
+    OP_REQUIRES_OK(context, codec_->Decode(context, static_cast<const uint8_t*>(rows.data()),
+                                           num_rows_, context_tensor.flat<int32_t>().data(),
+                                           layout_, params_, output));
   }
 
  private:

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/kernels/dense_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_mergecomp {
@@ -41,9 +42,12 @@ class GroupLayout {
 
   // Calls fn(tensor, begin, end) for each tensor's part of the flat range
   // [flat_begin, flat_end), with begin/end local to the tensor.
+  // The tensor holding flat index flat_index (for flat_index < total()).
+  int64_t TensorAt(int64_t flat_index) const;
+
   template <typename Fn>
   void ForEachPart(int64_t flat_begin, int64_t flat_end, const Fn& fn) const {
-    int64_t i = FirstTensorAt(flat_begin);
+    int64_t i = TensorAt(flat_begin);
     for (; i < num_tensors() && offsets_[i] < flat_end; ++i) {
       const int64_t begin = std::max(flat_begin, offsets_[i]) - offsets_[i];
       const int64_t end = std::min(flat_end, offsets_[i + 1]) - offsets_[i];
@@ -52,7 +56,6 @@ class GroupLayout {
   }
 
  private:
-  int64_t FirstTensorAt(int64_t flat_index) const;
   std::vector<int64_t> offsets_;  // num_tensors + 1 entries
 };
 
@@ -76,24 +79,20 @@ class GroupCodec {
   // int32 entries the decoder needs besides the payload (random-k's positions).
   virtual int64_t ContextSize(const GroupLayout&, const GroupCodecParams&) const { return 0; }
 
-  // True when the payload is the float32 buffer itself (no compression), so
-  // the compensated gradients are written straight into it.
-  virtual bool PayloadIsInput() const { return false; }
-
-  // input: the compensated float32 group. seed: this worker's seed of the
-  // step and group; tensor i of a codec drawing per tensor uses
-  // TensorSeed(seed, i).
-  virtual tensorflow::Status Encode(tensorflow::OpKernelContext* context, const float* input,
+  // input: the compensated float32 group, read block by block. seed: this
+  // worker's seed of the step and group; tensor i of a codec drawing per
+  // tensor uses TensorSeed(seed, i).
+  virtual tensorflow::Status Encode(tensorflow::OpKernelContext* context, const BlockInput& input,
                                     const GroupLayout& layout, const GroupCodecParams& params,
                                     int64_t seed, uint8_t* payload, int32_t* codec_context) const = 0;
 
   // rows: `num_rows` payloads back to back (the allgather of every worker's,
   // or the one averaged payload of an allreduce); writes the combined float32
-  // group into output.
+  // group into output, block by block.
   virtual tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
                                     int64_t num_rows, const int32_t* codec_context,
                                     const GroupLayout& layout, const GroupCodecParams& params,
-                                    float* output) const = 0;
+                                    const BlockOutput& output) const = 0;
 };
 
 // Seeds of a group hold the index of its first tensor in bits [12, 24)
@@ -135,25 +134,61 @@ tensorflow::Status ReadGroupCodecParams(AttrSource* source, GroupCodecParams* pa
   return tensorflow::OkStatus();
 }
 
-// Adapts a dense codec's flat functors (dense_op.h's convention: an encode
-// functor with PayloadBytes(n, levels), a decode functor averaging W rows)
-// to a GroupCodec over the whole group's flat space.
-template <typename EncodeFunctor, typename DecodeFunctor>
+// For codecs that need the whole group in one array (the sparse selections):
+// the input's own array when it has one, else the blocks copied into
+// `storage`.
+tensorflow::Status ContiguousInputData(tensorflow::OpKernelContext* context,
+                                       const BlockInput& input, int64_t n,
+                                       tensorflow::Tensor* storage, const float** data);
+// Copies every block of input into data[0, n).
+void CopyToContiguous(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
+                      float* data);
+// Writes data[0, n) to output block by block.
+void CopyFromContiguous(tensorflow::OpKernelContext* context, const float* data, int64_t n,
+                        const BlockOutput& output);
+
+// Calls write(float* values) for an array of n values, then hands them to
+// output: the output's own array when it has one, else a temporary one.
+template <typename Write>
+tensorflow::Status WriteThroughContiguous(tensorflow::OpKernelContext* context, int64_t n,
+                                          const BlockOutput& output, const Write& write) {
+  if (float* direct = output.Contiguous()) return write(direct);
+  tensorflow::Tensor storage;
+  TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensorflow::TensorShape({n}),
+                                            &storage));
+  float* values = storage.flat<float>().data();
+  TF_RETURN_IF_ERROR(write(values));
+  CopyFromContiguous(context, values, n, output);
+  return tensorflow::OkStatus();
+}
+
+// Adapts a dense codec's block kernels (an encode reading a BlockInput, a
+// decode averaging W rows into a BlockOutput, and the payload size
+// PayloadBytes(n, levels)) to a GroupCodec over the whole group's flat space.
+using DenseEncodeBlocksFn = void (*)(tensorflow::OpKernelContext*, const BlockInput&, int64_t n,
+                                     int64_t seed, int64_t levels, uint8_t* payload);
+using DenseDecodeBlocksFn = void (*)(tensorflow::OpKernelContext*, const uint8_t* payload,
+                                     int64_t world_size, int64_t n, int64_t levels,
+                                     const BlockOutput&);
+
+template <int64_t (*PayloadBytesFn)(int64_t, int64_t), DenseEncodeBlocksFn EncodeFn,
+          DenseDecodeBlocksFn DecodeFn>
 class DenseGroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams& params) const override {
-    return EncodeFunctor::PayloadBytes(layout.total(), params.levels);
+    return PayloadBytesFn(layout.total(), params.levels);
   }
-  tensorflow::Status Encode(tensorflow::OpKernelContext* context, const float* input,
+  tensorflow::Status Encode(tensorflow::OpKernelContext* context, const BlockInput& input,
                             const GroupLayout& layout, const GroupCodecParams& params,
                             int64_t seed, uint8_t* payload, int32_t*) const override {
-    EncodeFunctor()(context, input, layout.total(), seed, params.levels, payload);
+    EncodeFn(context, input, layout.total(), seed, params.levels, payload);
     return tensorflow::OkStatus();
   }
   tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
                             int64_t num_rows, const int32_t*, const GroupLayout& layout,
-                            const GroupCodecParams& params, float* output) const override {
-    DecodeFunctor()(context, rows, num_rows, layout.total(), params.levels, output);
+                            const GroupCodecParams& params,
+                            const BlockOutput& output) const override {
+    DecodeFn(context, rows, num_rows, layout.total(), params.levels, output);
     return tensorflow::OkStatus();
   }
 };

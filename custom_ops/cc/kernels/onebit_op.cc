@@ -72,15 +72,13 @@ MERGECOMP_AVX2 SideSums PackAndSumSidesAvx2(const float* x, int64_t count, uint8
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void OnebitEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                const float* input, int64_t n, int64_t, int64_t,
-                                                uint8_t* payload) {
+void OnebitEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
+                        int64_t, int64_t, uint8_t* payload) {
   const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumSidesAvx2, PackAndSumSidesScalar);
   uint8_t* bits = payload + kOnebitHeaderBytes;
   const std::vector<SideSums> partial = ReduceBlocks<SideSums>(
       context, n, 3 * kBlockElements,
-      [&](int64_t begin, int64_t count) { return pack(input + begin, count, bits + begin / 8); });
+      [&](int64_t begin, int64_t count) { return pack(input.Block(begin, count), count, bits + begin / 8); });
   SideSums total;
   for (const SideSums& p : partial) {
     total.positive += p.positive;
@@ -99,11 +97,9 @@ void OnebitEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* con
   StoreFloat(payload + 4, mean_negative);
 }
 
-template <>
-void OnebitDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                const uint8_t* payload, int64_t world_size,
-                                                int64_t n, int64_t, float* output) {
-  const int64_t row_bytes = RowBytes(n, 0);
+void OnebitDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                        int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
+  const int64_t row_bytes = OnebitDecodeFunctor<CPUDevice>::RowBytes(n, 0);
   std::vector<float> positive(world_size), negative(world_size);
   for (int64_t w = 0; w < world_size; ++w) {
     positive[w] = LoadFloat(payload + w * row_bytes);
@@ -113,13 +109,27 @@ void OnebitDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* con
                  negative.data(), n, TwoLevelCombine::kMean, output);
 }
 
+template <>
+void OnebitEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                          const float* input, int64_t n, int64_t seed,
+                                          int64_t levels, uint8_t* payload) {
+  OnebitEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
+}
+
+template <>
+void OnebitDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                          const uint8_t* payload, int64_t world_size,
+                                          int64_t n, int64_t levels, float* output) {
+  OnebitDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
+}
+
 REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_CPU),
                         DenseEncodeOp<OnebitEncodeFunctor<CPUDevice>>);
 REGISTER_KERNEL_BUILDER(Name("MergecompOnebitDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<OnebitDecodeFunctor<CPUDevice>>);
 
-using OnebitGroupCodec =
-    DenseGroupCodec<OnebitEncodeFunctor<CPUDevice>, OnebitDecodeFunctor<CPUDevice>>;
+using OnebitGroupCodec = DenseGroupCodec<OnebitEncodeFunctor<CPUDevice>::PayloadBytes,
+                                        OnebitEncodeBlocks, OnebitDecodeBlocks>;
 REGISTER_GROUP_CODEC("onebit", OnebitGroupCodec);
 
 }  // namespace tf_mergecomp

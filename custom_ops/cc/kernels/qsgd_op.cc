@@ -155,16 +155,14 @@ __attribute__((target_clones("avx2", "default"))) void AccumulateLevels(
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const float* input, int64_t n, int64_t seed,
-                                              int64_t levels, uint8_t* payload) {
+void QsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
+                      int64_t seed, int64_t levels, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
   const int64_t num_blocks = NumBlocks(n);
   const auto sum_squares_of = MERGECOMP_AVX2_OR_SCALAR(SumSquaresAvx2, SumSquaresScalar);
   const std::vector<double> partial = ReduceBlocks<double>(
       context, n, kBlockElements,
-      [&](int64_t begin, int64_t count) { return sum_squares_of(input + begin, count); });
+      [&](int64_t begin, int64_t count) { return sum_squares_of(input.Block(begin, count), count); });
   double sum_squares = 0.0;
   for (double p : partial) sum_squares += p;
   const float norm = static_cast<float>(std::sqrt(sum_squares));
@@ -179,15 +177,16 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
   ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
+    const float* block_input = input.Block(begin, end - begin);
     if (bits == 8) {
 #if MERGECOMP_X86
       if (avx2) {
-        QsgdByteCodesAvx2(input + begin, begin, end - begin, scale, levels_f, key,
+        QsgdByteCodesAvx2(block_input, begin, end - begin, scale, levels_f, key,
                           codes_out + begin);
         return;
       }
 #endif
-      QsgdCodes<uint8_t>(input + begin, begin, end - begin, scale, levels_f, key,
+      QsgdCodes<uint8_t>(block_input, begin, end - begin, scale, levels_f, key,
                          codes_out + begin);
       return;
     }
@@ -196,23 +195,22 @@ void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
       const int64_t count = std::min(kChunk, end - first);
 #if MERGECOMP_X86
       if (avx2) {
-        QsgdWideCodesAvx2(input + first, first, count, scale, levels_f, key, codes);
+        QsgdWideCodesAvx2(block_input + (first - begin), first, count, scale, levels_f, key, codes);
       } else {
-        QsgdCodes<uint32_t>(input + first, first, count, scale, levels_f, key, codes);
+        QsgdCodes<uint32_t>(block_input + (first - begin), first, count, scale, levels_f, key,
+                            codes);
       }
 #else
-      QsgdCodes<uint32_t>(input + first, first, count, scale, levels_f, key, codes);
+      QsgdCodes<uint32_t>(block_input + (first - begin), first, count, scale, levels_f, key, codes);
 #endif
       PackCodes(codes, count, bits, codes_out + first * bits / 8);
     }
   });
 }
 
-template <>
-void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const uint8_t* payload, int64_t world_size,
-                                              int64_t n, int64_t levels, float* output) {
-  const int64_t row_bytes = RowBytes(n, levels);
+void QsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                      int64_t world_size, int64_t n, int64_t levels, const BlockOutput& output) {
+  const int64_t row_bytes = QsgdDecodeFunctor<CPUDevice>::RowBytes(n, levels);
   const int bits = QsgdCodeBits(levels);
   const float levels_f = static_cast<float>(levels);
   std::vector<float> unit(world_size);
@@ -221,11 +219,12 @@ void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
   ForEachBlock(context, NumBlocks(n), 4 * world_size * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
+    float* block_output = output.Begin(begin, end - begin);
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* codes_in = payload + w * row_bytes + kQsgdHeaderBytes;
       if (bits == 8) {
         AccumulateLevels<uint8_t>(codes_in + begin, end - begin, static_cast<int32_t>(levels),
-                                  unit[w], w == 0, output + begin);
+                                  unit[w], w == 0, block_output);
         continue;
       }
       uint32_t codes[kChunk];
@@ -233,11 +232,26 @@ void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* conte
         const int64_t count = std::min(kChunk, end - first);
         UnpackCodes(codes_in + first * bits / 8, count, bits, codes);
         AccumulateLevels<uint32_t>(codes, count, static_cast<int32_t>(levels), unit[w], w == 0,
-                                   output + first);
+                                   block_output + (first - begin));
       }
     }
-    for (int64_t i = begin; i < end; ++i) output[i] = output[i] / divisor;
+    for (int64_t i = 0; i < end - begin; ++i) block_output[i] = block_output[i] / divisor;
+    output.Commit(begin, end - begin, block_output);
   });
+}
+
+template <>
+void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                        const float* input, int64_t n, int64_t seed,
+                                        int64_t levels, uint8_t* payload) {
+  QsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
+}
+
+template <>
+void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                        const uint8_t* payload, int64_t world_size,
+                                        int64_t n, int64_t levels, float* output) {
+  QsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_CPU),
@@ -245,8 +259,8 @@ REGISTER_KERNEL_BUILDER(Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_CP
 REGISTER_KERNEL_BUILDER(Name("MergecompQsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<QsgdDecodeFunctor<CPUDevice>>);
 
-using QsgdGroupCodec =
-    DenseGroupCodec<QsgdEncodeFunctor<CPUDevice>, QsgdDecodeFunctor<CPUDevice>>;
+using QsgdGroupCodec = DenseGroupCodec<QsgdEncodeFunctor<CPUDevice>::PayloadBytes,
+                                        QsgdEncodeBlocks, QsgdDecodeBlocks>;
 REGISTER_GROUP_CODEC("qsgd", QsgdGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -80,10 +80,14 @@ class RandomkGroupCodec : public GroupCodec {
     for (int64_t k : params.tensor_k) slots += k;
     return slots;
   }
-  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+  Status Encode(OpKernelContext* context, const BlockInput& block_input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t seed, uint8_t* payload,
                 int32_t* positions) const override {
     TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
+    const float* input;
+    Tensor storage;
+    TF_RETURN_IF_ERROR(
+        ContiguousInputData(context, block_input, layout.total(), &storage, &input));
     float* values = reinterpret_cast<float*>(payload);
     int64_t slot = 0;
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
@@ -97,11 +101,18 @@ class RandomkGroupCodec : public GroupCodec {
     }
     return tensorflow::OkStatus();
   }
-  Status Decode(OpKernelContext*, const uint8_t* rows, int64_t, const int32_t* positions,
+  Status Decode(OpKernelContext* context, const uint8_t* rows, int64_t, const int32_t* positions,
                 const GroupLayout& layout, const GroupCodecParams& params,
-                float* output) const override {
+                const BlockOutput& block_output) const override {
     TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
-    const float* values = reinterpret_cast<const float*>(rows);
+    return WriteThroughContiguous(context, layout.total(), block_output, [&](float* output) {
+      return Scatter(reinterpret_cast<const float*>(rows), positions, layout, params, output);
+    });
+  }
+
+ private:
+  static Status Scatter(const float* values, const int32_t* positions, const GroupLayout& layout,
+                        const GroupCodecParams& params, float* output) {
     std::fill(output, output + layout.total(), 0.0f);
     int64_t slot = 0;
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
@@ -117,7 +128,6 @@ class RandomkGroupCodec : public GroupCodec {
     return tensorflow::OkStatus();
   }
 
- private:
   static Status CheckTensorK(const GroupLayout& layout, const GroupCodecParams& params) {
     if (static_cast<int64_t>(params.tensor_k.size()) != layout.num_tensors() ||
         layout.total() > INT32_MAX) {

@@ -10,23 +10,34 @@ namespace tf_mergecomp {
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void SignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                 const float* input, int64_t n, int64_t,
-                                                 int64_t, uint8_t* payload) {
+void SignsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
+                         int64_t, int64_t, uint8_t* payload) {
   ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
-    PackSignBits(input + begin, std::min(kBlockElements, n - begin), payload + begin / 8);
+    const int64_t count = std::min(kBlockElements, n - begin);
+    PackSignBits(input.Block(begin, count), count, payload + begin / 8);
   });
+}
+
+void SignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                         int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
+  const std::vector<float> plus(world_size, 1.0f), minus(world_size, -1.0f);
+  DecodeTwoLevel(context, payload, world_size, CeilDiv(n, 8), 0, plus.data(), minus.data(), n,
+                 TwoLevelCombine::kMajority, output);
+}
+
+template <>
+void SignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                           const float* input, int64_t n, int64_t seed,
+                                           int64_t levels, uint8_t* payload) {
+  SignsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
 }
 
 template <>
 void SignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                 const uint8_t* payload, int64_t world_size,
-                                                 int64_t n, int64_t, float* output) {
-  const std::vector<float> plus(world_size, 1.0f), minus(world_size, -1.0f);
-  DecodeTwoLevel(context, payload, world_size, CeilDiv(n, 8), 0, plus.data(), minus.data(), n,
-                 TwoLevelCombine::kMajority, output);
+                                           const uint8_t* payload, int64_t world_size,
+                                           int64_t n, int64_t levels, float* output) {
+  SignsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE_CPU),
@@ -34,8 +45,8 @@ REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE
 REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<SignsgdDecodeFunctor<CPUDevice>>);
 
-using SignsgdGroupCodec =
-    DenseGroupCodec<SignsgdEncodeFunctor<CPUDevice>, SignsgdDecodeFunctor<CPUDevice>>;
+using SignsgdGroupCodec = DenseGroupCodec<SignsgdEncodeFunctor<CPUDevice>::PayloadBytes,
+                                        SignsgdEncodeBlocks, SignsgdDecodeBlocks>;
 REGISTER_GROUP_CODEC("signsgd", SignsgdGroupCodec);
 
 }  // namespace tf_mergecomp

@@ -113,16 +113,14 @@ __attribute__((target_clones("avx2", "default"))) void AccumulateTernary(
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                  const float* input, int64_t n, int64_t seed,
-                                                  int64_t, uint8_t* payload) {
+void TerngradEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input,
+                          int64_t n, int64_t seed, int64_t, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
   const int64_t num_blocks = NumBlocks(n);
   const auto max_abs_of = MERGECOMP_AVX2_OR_SCALAR(MaxAbsAvx2, MaxAbsScalar);
   const std::vector<MaxAbs> partial = ReduceBlocks<MaxAbs>(
       context, n, kBlockElements,
-      [&](int64_t begin, int64_t count) { return max_abs_of(input + begin, count); });
+      [&](int64_t begin, int64_t count) { return max_abs_of(input.Block(begin, count), count); });
   MaxAbs total;
   for (const MaxAbs& p : partial) {
     total.has_nan |= p.has_nan;
@@ -136,14 +134,15 @@ void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
   ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
+    const float* block_input = input.Block(begin, end - begin);
     int64_t done = 0;
 #if MERGECOMP_X86
-    if (avx2) done = TernaryCodesAvx2(input + begin, begin, end - begin, max_abs, key, packed);
+    if (avx2) done = TernaryCodesAvx2(block_input, begin, end - begin, max_abs, key, packed);
 #endif
     uint8_t codes[kChunk];
     for (int64_t first = begin + done; first < end; first += kChunk) {
       const int64_t count = std::min(kChunk, end - first);
-      TernaryCodes(input + first, first, count, max_abs, key, codes);
+      TernaryCodes(block_input + (first - begin), first, count, max_abs, key, codes);
       for (int64_t i = count; i < CeilDiv(count, 4) * 4; ++i) codes[i] = 0;
       uint8_t* out = packed + first / 4;
       for (int64_t k = 0; k < CeilDiv(count, 4); ++k) {
@@ -154,15 +153,14 @@ void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
   });
 }
 
-template <>
-void TerngradDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                  const uint8_t* payload, int64_t world_size,
-                                                  int64_t n, int64_t, float* output) {
-  const int64_t row_bytes = RowBytes(n, 0);
+void TerngradDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
+                          int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
+  const int64_t row_bytes = TerngradDecodeFunctor<CPUDevice>::RowBytes(n, 0);
   const float divisor = static_cast<float>(world_size);
   ForEachBlock(context, NumBlocks(n), 4 * world_size * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
+    float* block_output = output.Begin(begin, end - begin);
     uint8_t codes[kChunk];
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
@@ -174,11 +172,26 @@ void TerngradDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* c
           const int64_t e = first + i;
           codes[i] = (packed[e >> 2] >> (2 * (e & 3))) & 3;
         }
-        AccumulateTernary(codes, count, max_abs, w == 0, output + first);
+        AccumulateTernary(codes, count, max_abs, w == 0, block_output + (first - begin));
       }
     }
-    for (int64_t i = begin; i < end; ++i) output[i] = output[i] / divisor;
+    for (int64_t i = 0; i < end - begin; ++i) block_output[i] = block_output[i] / divisor;
+    output.Commit(begin, end - begin, block_output);
   });
+}
+
+template <>
+void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                            const float* input, int64_t n, int64_t seed,
+                                            int64_t levels, uint8_t* payload) {
+  TerngradEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
+}
+
+template <>
+void TerngradDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
+                                            const uint8_t* payload, int64_t world_size,
+                                            int64_t n, int64_t levels, float* output) {
+  TerngradDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
 }
 
 REGISTER_KERNEL_BUILDER(Name("MergecompTerngradEncode").Device(tensorflow::DEVICE_CPU),
@@ -186,8 +199,8 @@ REGISTER_KERNEL_BUILDER(Name("MergecompTerngradEncode").Device(tensorflow::DEVIC
 REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_CPU),
                         DenseDecodeOp<TerngradDecodeFunctor<CPUDevice>>);
 
-using TerngradGroupCodec =
-    DenseGroupCodec<TerngradEncodeFunctor<CPUDevice>, TerngradDecodeFunctor<CPUDevice>>;
+using TerngradGroupCodec = DenseGroupCodec<TerngradEncodeFunctor<CPUDevice>::PayloadBytes,
+                                        TerngradEncodeBlocks, TerngradDecodeBlocks>;
 REGISTER_GROUP_CODEC("terngrad", TerngradGroupCodec);
 
 }  // namespace tf_mergecomp

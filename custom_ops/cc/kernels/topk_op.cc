@@ -133,17 +133,22 @@ REGISTER_KERNEL_BUILDER(Name("MergecompSparseScatterMean").Device(tensorflow::DE
 
 Status SparseGroupCodec::Decode(OpKernelContext* context, const uint8_t* rows, int64_t num_rows,
                                 const int32_t*, const GroupLayout& layout,
-                                const GroupCodecParams& params, float* output) const {
-  return SparseScatterMeanFunctor<CPUDevice>()(context, rows, num_rows, params.k, layout.total(),
-                                               output);
+                                const GroupCodecParams& params, const BlockOutput& output) const {
+  return WriteThroughContiguous(context, layout.total(), output, [&](float* values) {
+    return SparseScatterMeanFunctor<CPUDevice>()(context, rows, num_rows, params.k,
+                                                 layout.total(), values);
+  });
 }
 
 class TopkGroupCodec : public SparseGroupCodec {
  public:
-  Status Encode(OpKernelContext* context, const float* input, const GroupLayout& layout,
+  Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t, uint8_t* payload,
                 int32_t*) const override {
-    return TopkEncodeFunctor<CPUDevice>()(context, input, layout.total(), params.k, payload);
+    const float* values;
+    Tensor storage;
+    TF_RETURN_IF_ERROR(ContiguousInputData(context, input, layout.total(), &storage, &values));
+    return TopkEncodeFunctor<CPUDevice>()(context, values, layout.total(), params.k, payload);
   }
 };
 REGISTER_GROUP_CODEC("topk", TopkGroupCodec);

@@ -37,7 +37,8 @@ class SparseGroupCodec : public GroupCodec {
   }
   tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
                             int64_t num_rows, const int32_t*, const GroupLayout& layout,
-                            const GroupCodecParams& params, float* output) const override;
+                            const GroupCodecParams& params,
+                            const BlockOutput& output) const override;
 };
 
 // Runs fn(b) for b in [0, num_blocks) on TensorFlow's intra-op pool.
