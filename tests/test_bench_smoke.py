@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -25,6 +26,9 @@ def test_ops_arguments():
     ["ops", "--sizes", "1e4,abc"],
     ["ops", "--sizes", "0.5"],
     ["cluster", "--workers", "two"],
+    ["exchange", "--tensor-counts", "16,0"],
+    ["exchange", "--models", "resnet50,lenet"],
+    ["exchange", "--rounds", "0"],
 ])
 def test_bad_arguments_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -256,12 +260,75 @@ def test_parity_trains_the_main_jobs_model_and_data():
     assert main_job.build_model().output_shape == (None, 10)
 
 
-def test_exchange_bench_times_both_allocators_in_their_own_processes():
+def test_exchange_sweep_sets_split_the_bytes_evenly():
     from tf_mergecomp.bench import exchange
 
-    rows = exchange.run("transformer", ["efsignsgd"], repeats=1, log=lambda *_: None)
-    assert [r["allocator"] for r in rows] == ["default", "bfc"]
+    assert exchange.equal_split_sizes(10, 4) == [3, 3, 2, 2]
+    sets = exchange.gradient_sets([1, 1024], 16.0, ["vgg16"])
+    assert [s["kind"] for s in sets] == ["tensors", "tensors", "model"]
+    shapes = exchange.gradient_shapes(sets[1])
+    assert len(shapes) == 1024 and sum(s[0] for s in shapes) == 4 * 2**20
+    with pytest.raises(ValueError, match="into 4 tensors"):
+        exchange.gradient_sets([4], 8 / 2**20, [])  # 2 elements
+    with pytest.raises(ValueError, match="no gradient sets"):
+        exchange.gradient_sets([], 16.0, [])
+
+
+def test_exchange_summary_and_targets():
+    from tf_mergecomp.bench import exchange
+
+    def row(count, one_s, layerwise_s=(0.9, 1.0, 1.2)):
+        seconds = {"layerwise": list(layerwise_s), "one": [one_s] * 3}
+        if count >= 4:
+            seconds["four"] = [0.5] * 3
+        return exchange.summarize({"kind": "tensors", "count": count, "megabytes": 16.0}, "topk",
+                                  {"tensors": count, "elements": 4 * 2**20, "seconds": seconds})
+
+    rows = [row(1, 0.95), row(16, 0.8), row(256, 0.6)]
+    assert rows[0]["median_s"] == {"layerwise": 1.0, "one": 0.95}
+    assert rows[0]["four_vs_layerwise"] is None and rows[0]["megabytes"] == 16.0
+    assert rows[1]["one_vs_layerwise"] == pytest.approx(0.8)
+    assert rows[1]["layerwise_spread"] == pytest.approx(0.3)  # (1.2 - 0.9) / 1.0
+    text = exchange.table({"rows": rows, "rounds": 3, "cpu_allocator": "bfc"})
+    assert "| 16 MB | 1 | topk | 1000 | 950 | - | 0.950 | - | 30% |" in text
+    assert ("- one group <= 1.0x layer-wise at every tensor count for every codec: met "
+            "(worst: topk 16 MB at 1 tensor: 0.950x (layer-wise spread 30%))") in text
+    assert "- one group <= 0.7x layer-wise at 256 tensors and more for every codec: met" in text
+    rows.append(row(1024, 1.1))
+    assert exchange.target_line(rows, 0.7, 256) == (
+        "one group <= 0.7x layer-wise at 256 tensors and more for every codec: missed "
+        "(topk 16 MB at 1024 tensors: 1.10x (layer-wise spread 30%))")
+    assert exchange.target_line(rows[:2], 0.7, 256).endswith(": not measured")
+
+
+def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
+    """The --quick path end to end: a child process per (gradient set, algorithm)."""
+    from tf_mergecomp.bench import exchange
+    from tf_mergecomp.bench.__main__ import main
+
+    assert main(["exchange", "--quick", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "exchange.json").read_text())
+    rows = result["rows"]
+    quick = exchange.QUICK
+    assert result["rounds"] == quick["rounds"] and result["cpu_allocator"] == "bfc"
+    assert [(r["tensors"], r["algorithm"]) for r in rows] == [
+        (count, algorithm) for count in quick["tensor_counts"] for algorithm in quick["algorithms"]]
     for row in rows:
-        assert row["layerwise"] > 0 and row["one"] > 0
-    text = exchange.table(rows, "transformer")
-    assert text.count("| efsignsgd |") == 2
+        expected_configs = ["layerwise", "one"] + (["four"] if row["tensors"] >= 4 else [])
+        assert sorted(row["seconds"]) == sorted(expected_configs)
+        for times in row["seconds"].values():
+            assert len(times) == quick["rounds"] and min(times) > 0
+        assert row["megabytes"] == pytest.approx(quick["megabytes"])
+        assert row["one_vs_layerwise"] == pytest.approx(
+            row["median_s"]["one"] / row["median_s"]["layerwise"])
+        assert row["layerwise_spread"] >= 0
+    table_text = (tmp_path / "exchange.md").read_text()
+    assert table_text in printed + "\n"
+    for count in quick["tensor_counts"]:
+        for algorithm in quick["algorithms"]:
+            assert table_text.count("| 1 MB | %d | %s |" % (count, algorithm)) == 1
+    targets = [line for line in table_text.splitlines() if line.startswith("- one group <=")]
+    assert len(targets) == 2
+    assert ": met (" in targets[0] or ": missed (" in targets[0]
+    assert targets[1].endswith(": not measured")  # the quick sweep stops at 16 tensors

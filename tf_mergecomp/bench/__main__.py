@@ -1,6 +1,7 @@
 """python -m tf_mergecomp.bench {ops,exchange,cluster,parity} [options]; see --help of each."""
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -35,8 +36,19 @@ def _sizes(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive(convert):
+    def parse(text):
+        value = convert(text)
+        if value <= 0:
+            raise ValueError("%r is not positive" % text)
+        return value
+    parse.__name__ = convert.__name__  # argparse names the type in its error message
+    return parse
+
+
 def build_parser():
     from tf_mergecomp.bench import cluster, models
+    from tf_mergecomp.bench import exchange as exchange_bench
     from tf_mergecomp.compressors import NAMES
 
     parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench", description=__doc__)
@@ -52,11 +64,28 @@ def build_parser():
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
 
     exchange = commands.add_parser(
-        "exchange", help="one rank's exchange, layer-wise vs one group, per CPU allocator")
-    exchange.add_argument("--model", choices=models.MODELS, default="resnet50")
-    exchange.add_argument("--algorithms", type=_algorithms,
-                          default=["fp16", "efsignsgd", "topk", "dgc"])
-    exchange.add_argument("--repeats", type=int, default=5)
+        "exchange", help="one rank's exchange: layer-wise vs one group vs 4 groups, per "
+                         "tensor count and model")
+    exchange.add_argument("--tensor-counts", type=_csv(_positive(int)),
+                          default=list(exchange_bench.DEFAULT_TENSOR_COUNTS),
+                          help="split --megabytes of float32 into this many equal tensors, each "
+                               "count a gradient set (default 1,16,64,256,1024; '' for none)")
+    exchange.add_argument("--megabytes", type=_positive(float),
+                          default=exchange_bench.DEFAULT_MEGABYTES,
+                          help="size of the tensor-count sweep's sets (default 16)")
+    exchange.add_argument("--models", type=_csv(models.check_model), default=list(models.MODELS),
+                          help="gradient sets of these models' shapes (default %s; '' for none)"
+                               % ",".join(models.MODELS))
+    exchange.add_argument("--algorithms", type=_algorithms, default=list(NAMES),
+                          help="comma-separated; default: all of %s" % ",".join(NAMES))
+    exchange.add_argument("--rounds", type=_positive(int), default=7,
+                          help="timed calls per config, one per round, round-robin (default 7)")
+    exchange.add_argument("--cpu-allocator", choices=cluster.CPU_ALLOCATORS, default="bfc",
+                          help="TensorFlow's CPU allocator (default bfc: pooled; 'default' maps "
+                               "large buffers afresh)")
+    exchange.add_argument("--quick", action="store_true",
+                          help="smoke run: 1 MB in 1 and 16 tensors, fp16 and efsignsgd, "
+                               "2 rounds, no models")
     exchange.add_argument("--out", default=None, help="also write exchange.md and exchange.json here")
 
     clus = commands.add_parser("cluster", help="virtual cluster of network namespaces (root)")
@@ -99,18 +128,11 @@ def build_parser():
 
 
 def apply_quick(args):
-    from tf_mergecomp.bench import cluster
-
-    if args.quick:
-        args.models = list(cluster.QUICK["models"])
-        args.workers = list(cluster.QUICK["workers"])
-        args.algorithms = list(cluster.QUICK["algorithms"])
-        args.steps = cluster.QUICK["steps"]
-        args.warmup_steps = cluster.QUICK["warmup_steps"]
-        args.search_steps = cluster.QUICK["search_steps"]
-        args.search_max_groups = cluster.QUICK["search_max_groups"]
-        args.exchange_steps = cluster.QUICK["exchange_steps"]
-        args.exchange_rounds = cluster.QUICK["exchange_rounds"]
+    """--quick: the options named in the command's QUICK plan are replaced by its values."""
+    if getattr(args, "quick", False):
+        plan = importlib.import_module("tf_mergecomp.bench." + args.command).QUICK
+        for option, value in plan.items():
+            setattr(args, option, list(value) if isinstance(value, tuple) else value)
     return args
 
 
@@ -136,8 +158,15 @@ def main(argv=None):
     if args.command == "exchange":
         from tf_mergecomp.bench import exchange
 
-        rows = exchange.run(args.model, args.algorithms, repeats=args.repeats)
-        _report(exchange.table(rows, args.model), rows, args.out, "exchange")
+        apply_quick(args)
+        try:
+            sets = exchange.gradient_sets(args.tensor_counts, args.megabytes, args.models)
+        except ValueError as error:
+            print("error: %s" % error, file=sys.stderr)
+            return 2
+        result = exchange.run(sets, args.algorithms, rounds=args.rounds,
+                              cpu_allocator=args.cpu_allocator)
+        _report(exchange.table(result), result, args.out, "exchange")
         return 0
     if args.command == "cluster":
         from tf_mergecomp.bench import cluster
