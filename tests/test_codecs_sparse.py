@@ -1,4 +1,8 @@
-"""The sparse and low-rank codecs: topk, dgc, randomk, powersgd."""
+"""The sparse and low-rank codecs: topk, dgc, randomk, powersgd.
+
+PowerSGD works on whole groups of tensors (a matrix per tensor): its
+algorithm, fused ops and reference are tested in test_powersgd_group.py;
+here only its parameters and registry attributes."""
 
 import numpy as np
 import pytest
@@ -7,7 +11,6 @@ import tensorflow as tf
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import compressors, memory
 from tf_mergecomp.compressors import _random, _sparse
-from tf_mergecomp.compressors.powersgd import matrix_shape
 
 SIZES = (0, 1, 7, 8, 9, 1000, 1001)
 SPARSE = ("topk", "dgc", "randomk")
@@ -23,15 +26,6 @@ def heavy_tailed(n, seed=0):
 
 def sent_indices(payload, k):
     return _sparse.unpack(payload, k)[1].numpy()[0]
-
-
-def run_powersgd(codec, grads, group=(0, None), steps=1):
-    world = FakeWorld(len(grads))
-    codecs = codec if isinstance(codec, list) else [codec] * len(grads)
-    group = (group[0], int(grads[0].shape[0]))
-    for _ in range(steps):
-        results = world.run(lambda r, comm: codecs[r].reduce(grads[r], 0, comm, group))
-    return [(avg, sent()) for avg, sent in results], world
 
 
 # --- sizes -------------------------------------------------------------------
@@ -53,18 +47,6 @@ def test_k_rounding():
     assert _sparse.sparse_k(0, 0.5) == 0
     assert _sparse.sparse_k(1001, 0.01) == 11
     assert _sparse.sparse_k(10, 1.0) == 10
-
-
-@pytest.mark.parametrize("n", SIZES)
-def test_powersgd_bytes_on_the_wire(n):
-    codec = compressors.get("powersgd", rank=2)
-    results, world = run_powersgd(codec, [normal(n)])
-    (avg, _), = results
-    assert avg.shape == (n,)
-    assert world.sent_bytes[0] == codec.payload_nbytes(n)
-    rows, cols = matrix_shape(n)
-    assert codec.payload_nbytes(n) == 4 * min(2, rows, cols) * (rows + cols)
-    assert rows * cols >= n and (n == 0 or cols * (rows - 1) < n)
 
 
 # --- op == reference ------------------------------------------------------------
@@ -108,36 +90,6 @@ def test_combine_op_equals_reference_and_mean(name):
     np.testing.assert_allclose(combined, np.mean(dense, axis=0), rtol=1e-6, atol=1e-7)
     with pytest.raises(ValueError, match="world_size"):
         op.combine(collected, ctx, 2)
-
-
-def test_powersgd_op_matches_reference():
-    x = normal(3000, 4)
-    results = []
-    for backend in ("op", "reference"):
-        codec = compressors.get("powersgd", rank=3, backend=backend)
-        (avg, sent), = run_powersgd(codec, [x], steps=2)[0]
-        results.append((avg.numpy(), sent.numpy()))
-    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-4, atol=1e-5)
-
-
-def test_orthonormalize_op_matches_reference():
-    from tf_mergecomp._ops import load
-    from tf_mergecomp.compressors.powersgd import reference_orthonormalize
-    matrix = tf.constant(np.random.RandomState(5).randn(200, 4).astype(np.float32))
-    q_op = load().mergecomp_powersgd_orthonormalize(matrix).numpy()
-    np.testing.assert_allclose(q_op, reference_orthonormalize(matrix).numpy(), atol=1e-5)
-    np.testing.assert_allclose(q_op.T @ q_op, np.eye(4), atol=1e-5)
-    # Column 3 = column 0 + column 1: what is left of it after projection is
-    # rounding noise, normalised (as PowerSGD's reference code does) to some
-    # unit vector orthogonal to the others; the other columns agree.
-    deficient = tf.concat([matrix[:, :3], matrix[:, :1] + matrix[:, 1:2]], 1)
-    q_op = load().mergecomp_powersgd_orthonormalize(deficient).numpy()
-    np.testing.assert_allclose(q_op[:, :3], reference_orthonormalize(deficient).numpy()[:, :3],
-                               atol=1e-5)
-    np.testing.assert_allclose(q_op.T @ q_op, np.eye(4), atol=1e-4)
-    zero = load().mergecomp_powersgd_orthonormalize(tf.zeros([5, 2])).numpy()
-    np.testing.assert_array_equal(zero, np.zeros([5, 2]))
 
 
 # --- semantics ------------------------------------------------------------------
@@ -293,117 +245,21 @@ def test_error_feedback_invariant(name):
         np.testing.assert_allclose(total_sent + state["residual"].numpy(), total_in, atol=1e-4)
 
 
-def test_powersgd_error_feedback_residual_is_orthogonal_to_p():
-    codec = compressors.get("powersgd", rank=2)
-    n = 900
-    (avg, sent), = run_powersgd(codec, [normal(n, 40)])[0]
-    residual = normal(n, 40).numpy() - sent.numpy()
-    np.testing.assert_allclose(avg.numpy(), sent.numpy(), rtol=1e-6)  # one worker
-    rows, cols = matrix_shape(n)
-    m = residual.reshape(rows, cols)
-    basis = np.linalg.qr(sent.numpy().reshape(rows, cols))[0][:, :2]
-    np.testing.assert_allclose(basis.T @ m, 0.0, atol=1e-4)
-
-
-# --- powersgd -------------------------------------------------------------------
-
-def test_powersgd_reconstructs_rank_one_exactly():
-    rs = np.random.RandomState(9)
-    rows, cols = matrix_shape(35 * 35)
-    matrix = np.outer(rs.randn(rows), rs.randn(cols)).astype(np.float32)
-    for backend in ("op", "reference"):
-        codec = compressors.get("powersgd", rank=1, backend=backend)
-        (avg, _), = run_powersgd(codec, [tf.constant(matrix.reshape(-1))])[0]
-        np.testing.assert_allclose(avg.numpy(), matrix.reshape(-1), rtol=1e-4, atol=1e-5)
-
-
-def test_powersgd_error_decreases_with_rank():
-    rs = np.random.RandomState(11)
-    n = 40 * 40
-    u, _ = np.linalg.qr(rs.randn(40, 40))
-    v, _ = np.linalg.qr(rs.randn(40, 40))
-    matrix = (u * (0.6 ** np.arange(40))) @ v.T
-    x = tf.constant(matrix.reshape(-1).astype(np.float32))
-    errors = []
-    for rank in (1, 2, 4):
-        codec = compressors.get("powersgd", rank=rank)
-        (avg, _), = run_powersgd(codec, [x], steps=4)[0]
-        errors.append(np.linalg.norm(avg.numpy() - x.numpy()) / np.linalg.norm(x.numpy()))
-    assert errors[0] > errors[1] > errors[2], errors
-    assert errors[2] < 0.6 ** 4 * 1.5  # near the best rank-4 error, 0.6^4
-
-
-def test_powersgd_two_workers_average_and_shared_state():
-    n = 1200
-    grads = [normal(n, 50), normal(n, 51)]
-    codecs = [compressors.get("powersgd", rank=2) for _ in range(2)]
-    results, world = run_powersgd(codecs, grads, steps=2)
-    np.testing.assert_array_equal(results[0][0].numpy(), results[1][0].numpy())
-    mean_sent = (results[0][1].numpy() + results[1][1].numpy()) / 2
-    np.testing.assert_allclose(results[0][0].numpy(), mean_sent, rtol=1e-5, atol=1e-6)
-    q0, = codecs[0].q_variables.values()
-    q1, = codecs[1].q_variables.values()
-    np.testing.assert_array_equal(q0.numpy(), q1.numpy())
-    assert world.calls[0][:2] == [("allreduce", ((0, n), "P")), ("allreduce", ((0, n), "Q"))]
-    assert codecs[0].collectives_per_group() == 2
-
-
-def test_powersgd_q_checkpoints_and_works_in_tf_function(tmp_path):
-    codec = compressors.get("powersgd", rank=1)
-    x = normal(400, 60)
-
-    class OneWorker:
-        size = 1
-
-        def allreduce_mean(self, tensor, key):
-            return tensor
-
-    step = tf.function(lambda g: codec.reduce(g, 0, OneWorker(), (3, 400))[0])
-    first = step(x)
-    step(x)
-    assert [v.name for v in codec.variables] == ["q_3_400:0"]
-    path = tf.train.Checkpoint(codec=codec).save(str(tmp_path / "ckpt"))
-    saved = codec.q_variables["q_3_400"].numpy()
-    codec.q_variables["q_3_400"].assign(tf.zeros_like(saved))
-    tf.train.Checkpoint(codec=codec).restore(path)
-    np.testing.assert_array_equal(codec.q_variables["q_3_400"].numpy(), saved)
-    assert first.shape == (400,)
-    # The initial Q is the same for every new compressor (every worker).
-    other = compressors.get("powersgd", rank=1)
-    other.q_variable((3, 400), 400)
-    fresh = compressors.get("powersgd", rank=1)
-    fresh.q_variable((3, 400), 400)
-    np.testing.assert_array_equal(other.q_variables["q_3_400"].numpy(),
-                                  fresh.q_variables["q_3_400"].numpy())
-
-
-def test_powersgd_zero_gradient_is_zero_not_nan():
-    (avg, sent), = run_powersgd(compressors.get("powersgd", rank=2), [tf.zeros([100])])[0]
-    np.testing.assert_array_equal(avg.numpy(), 0.0)
-    np.testing.assert_array_equal(sent.numpy(), 0.0)
-
-
 # --- dtypes ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", (tf.float16, tf.bfloat16, tf.float64))
-@pytest.mark.parametrize("name", SPARSE + ("powersgd",))
+@pytest.mark.parametrize("name", SPARSE)
 def test_dtypes(name, dtype):
     x32 = normal(1001, 70)
     x = tf.cast(x32, dtype)
-    codec = compressors.get(name, ratio=0.05) if name != "powersgd" else compressors.get(name)
-    if name == "powersgd":
-        (out, sent), = run_powersgd(codec, [x])[0]
-        assert sent.dtype == dtype
-        expected, = run_powersgd(compressors.get(name), [tf.cast(x, tf.float32)])[0]
-        expected = expected[0]
+    codec = compressors.get(name, ratio=0.05)
+    payload, ctx = codec.compress(x, 1)
+    out = codec.decompress(payload, ctx)
+    expected = codec.decompress(*codec.compress(tf.cast(x, tf.float32), 1))
+    if name != "randomk":
+        assert payload.dtype == tf.uint8
     else:
-        payload, ctx = codec.compress(x, 1)
-        out = codec.decompress(payload, ctx)
-        expected = codec.decompress(*codec.compress(tf.cast(x, tf.float32), 1))
-        if name != "randomk":
-            assert payload.dtype == tf.uint8
-        else:
-            assert payload.dtype == tf.float32
+        assert payload.dtype == tf.float32
     assert out.dtype == dtype and out.shape == (1001,)
     np.testing.assert_allclose(tf.cast(out, tf.float32).numpy(),
                                tf.cast(tf.cast(expected, dtype), tf.float32).numpy(), rtol=1e-5)
@@ -433,13 +289,6 @@ def test_randomk_nan_propagates_only_where_sent():
     values[[chosen[0], unsent]] = np.nan
     dense = codec.decompress(*codec.compress(tf.constant(values), 4)).numpy()
     assert np.isnan(dense[chosen[0]]) and dense[unsent] == 0.0
-
-
-def test_powersgd_nan_propagates():
-    values = normal(400, 82).numpy()
-    values[7] = np.nan
-    (avg, _), = run_powersgd(compressors.get("powersgd"), [tf.constant(values)])[0]
-    assert np.isnan(avg.numpy()).any()
 
 
 # --- parameters -----------------------------------------------------------------

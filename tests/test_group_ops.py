@@ -5,7 +5,9 @@ shapes and dtypes (0- and 1-element tensors included) through the engine's
 fused path (MergecompGroupEncode, one collective, MergecompGroupDecode) and
 its plain-TF path (concatenate, compensate, compress, decode, update, split)
 on simulated workers, for several steps: the averaged gradients and every
-tensor's error-feedback state must agree bit for bit.
+tensor's error-feedback state must agree bit for bit. The graph-size check
+also covers PowerSGD's three group ops (its math is tested in
+test_powersgd_group.py).
 """
 
 import numpy as np
@@ -129,7 +131,7 @@ def _traced_op_count(name, tensors):
     return len(group.get_concrete_function(specs).graph.get_operations())
 
 
-@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("name", FUSED + ("powersgd",))
 def test_a_merged_group_grows_by_at_most_three_ops_per_extra_tensor(name):
     # The gradient's placeholder, its state variable's handle, its output.
     small, large = _traced_op_count(name, 4), _traced_op_count(name, 12)

@@ -21,20 +21,21 @@ number of tensors:
      straight into per-tensor outputs of the original shapes and dtypes.
 
 Each group's ops depend only on its own gradients, so a group's communication
-can start while backprop still computes the next groups. PowerSGD (two
-collectives) and compressors built with ``backend="reference"`` run the
-plain-TF path instead: concatenate, compensate, compress, communicate,
-decompress, update, split; it is the reference the fused ops are tested
-against.
+can start while backprop still computes the next groups. Compressors built
+with ``backend="reference"`` run the plain-TF path instead: concatenate,
+compensate, compress, communicate, decompress, update, split; it is the
+reference the fused ops are tested against. PowerSGD (a matrix per tensor, two
+collectives per group) reduces its groups itself (``reduce_group``), with its
+own fused ops and plain-TF reference.
 
 State (all ``tf.Variable``s, tracked by this ``tf.Module`` so they checkpoint):
 one flat float32 variable per gradient tensor holding the memory's buffers back
 to back (the residual e; SIGNUM's momentum m; DGC's momentum u then
-accumulation v), independent of the partition, so a partition change needs no
-re-layout; the step counter that seeds the codecs' random draws; the codec's
-own state (PowerSGD's Q); and a counter of executed collectives. When
-MergeComp is given to ``hvd.DistributedOptimizer`` (Keras) it is attached to
-the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
+accumulation v), then the codec's own state of that tensor (PowerSGD's Q),
+independent of the partition, so a partition change needs no re-layout; the
+step counter that seeds the codecs' random draws; and a counter of executed
+collectives. When MergeComp is given to ``hvd.DistributedOptimizer`` (Keras)
+it is attached to the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
 ``model.save_weights`` carry it; with ``DistributedGradientTape`` add it to
 your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
 """
@@ -251,6 +252,9 @@ class MergeComp(tf.Module):
     def _reduce_group(self, index, start, grads, state_vars, step, communicator):
         seed = self._group_seed(step, start, communicator)
         key = (index, sum(self._layout.sizes[start:start + len(grads)]))
+        if self.compressor.reduces_own_groups:
+            return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
+                                                key)
         if self.compressor.group_codec is not None and self.compressor.backend == "op":
             return self._reduce_group_fused(grads, state_vars, seed, communicator, key)
         return self._reduce_group_reference(grads, state_vars, seed, communicator, key)
@@ -306,15 +310,23 @@ class MergeComp(tf.Module):
 
     def _state_variables(self):
         """One flat float32 variable per gradient tensor (backprop order), holding
-        the memory's buffers back to back; [] when the memory keeps nothing."""
+        the memory's buffers back to back, then the codec's own state of the
+        tensor; [] when neither keeps anything."""
         names = self.memory.state_names
-        if names and self._state is None:
+        codec = self.compressor
+        codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
+        if self._state is None and (names or any(codec_sizes)):
             with tf.init_scope():
-                self._state = [
-                    tf.Variable(tf.zeros([len(names) * size], tf.float32), trainable=False,
-                                name="%s_%d" % ("_".join(names), i))
-                    for i, size in enumerate(self._layout.sizes)
-                ]
+                self._state = []
+                for i, (shape, size) in enumerate(zip(self._layout.shapes, self._layout.sizes)):
+                    initial = [tf.zeros([len(names) * size], tf.float32)]
+                    if codec_sizes[i]:
+                        codec_state = codec.initial_codec_state(shape, i)
+                        initial.append(tf.zeros([codec_sizes[i]], tf.float32)
+                                       if codec_state is None else codec_state)
+                    self._state.append(tf.Variable(
+                        tf.concat(initial, 0), trainable=False,
+                        name="%s_%d" % ("_".join(names) or "codec_state", i)))
         return list(self._state or [])
 
     def __repr__(self):

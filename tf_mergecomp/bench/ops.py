@@ -9,8 +9,9 @@ input, each call a ``tf.function``:
   (for allgather codecs a one-worker batch; for allreduce codecs the
   already-averaged payload);
 - codecs with several collectives per group (PowerSGD) cannot be split into
-  encode and decode: their whole ``reduce()`` on one worker (collectives are
-  the identity) is timed and shown in the encode columns.
+  encode and decode: their whole ``reduce_group()`` on one worker
+  (collectives are the identity) of the input viewed as one near-square
+  matrix is timed and shown in the encode columns.
 
 Throughput is input float32 bytes (4n) / seconds: median of repeats after
 warmup calls, at most ``budget_s`` per measurement. The physical limit is the
@@ -103,7 +104,7 @@ def topk_baseline_seconds(flat, ratio=0.01, budget_s=20.0):
 
 
 class _OneWorkerCommunicator:
-    """Collectives of a one-worker job (identity), for codecs timed through reduce()."""
+    """Collectives of a one-worker job (identity), for codecs timed through reduce_group()."""
 
     size = 1
     rank = 0
@@ -116,14 +117,34 @@ class _OneWorkerCommunicator:
         return tensor
 
 
+def _near_square(n):
+    """[rows, cols] with rows * cols = n and cols the largest divisor <= sqrt(n)."""
+    cols = int(n ** 0.5)
+    while n % cols:
+        cols -= 1
+    return [n // cols, cols]
+
+
 def _measure_round_trip(codec, flat, seed, budget_s):
-    """For codecs with several collectives (PowerSGD): reduce() on one worker."""
+    """For codecs with several collectives (PowerSGD): reduce_group() on one
+    worker, of one tensor (the input as a near-square matrix), with the
+    engine's state layout: the default memory's buffers, then the codec's."""
     import tensorflow as tf
 
+    from tf_mergecomp import memory as memories
+
     communicator = _OneWorkerCommunicator()
-    group = (0, int(flat.shape[0]))
-    round_trip = tf.function(lambda x, s: codec.reduce(x, s, communicator, group)[0])
-    seconds = time_call(lambda: round_trip(flat, seed), budget_s=budget_s)
+    n = int(flat.shape[0])
+    matrix = tf.reshape(flat, _near_square(n))
+    memory = memories.get(codec.default_memory, **codec.default_memory_params())
+    initial = [tf.zeros([len(memory.state_names) * n])]
+    codec_state = codec.initial_codec_state(matrix.shape, 0)
+    if codec_state is not None:
+        initial.append(codec_state)
+    state = [tf.Variable(tf.concat(initial, 0), trainable=False)]
+    round_trip = tf.function(
+        lambda x, s: codec.reduce_group([x], state, memory, s, communicator, (0, n))[0])
+    seconds = time_call(lambda: round_trip(matrix, seed), budget_s=budget_s)
     return {"round_trip_s": seconds}
 
 
@@ -238,7 +259,7 @@ def table(result):
             ref_rt = _gbps(row["n"], ref.get("round_trip_s"))
             rows.append([row["algorithm"], size_text(row["n"]), op_rt, ref_rt, report.ratio(op_rt, ref_rt),
                          "-", "-", "-", report.ratio(op_rt * 1e9, copy), "-",
-                         "whole reduce() on 1 worker (several collectives): enc columns"])
+                         "whole reduce_group() on 1 worker (several collectives): enc columns"])
             continue
         op_enc = _gbps(row["n"], op.get("encode_s"))
         op_dec = _gbps(row["n"], op.get("decode_s"))

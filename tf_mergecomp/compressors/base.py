@@ -11,11 +11,14 @@ returns back into the averaged gradient:
     sent = compressor.decompress(payload, ctx)   # this worker's own contribution,
                                                  # used by error feedback
 
-``reduce()`` runs exactly that; algorithms needing more than one collective
-(PowerSGD) override it. That is the plain-TF path; the engine runs a codec
-with a ``group_codec`` through the fused group ops instead
+``reduce()`` runs exactly that. That is the plain-TF path; the engine runs a
+codec with a ``group_codec`` through the fused group ops instead
 (``custom_ops/cc/kernels/group_op.h``), which take the group's tensors as a
-list and give the same bytes.
+list and give the same bytes. A codec that is not one flat payload per group
+(PowerSGD: a matrix per tensor, two collectives) sets ``reduces_own_groups``
+and implements ``reduce_group()`` over the group's tensors instead; it may keep
+state of its own per tensor (``codec_state_size``, ``initial_codec_state``),
+stored by the engine after the memory's buffers in each tensor's variable.
 """
 
 import tensorflow as tf
@@ -59,6 +62,8 @@ class Compressor:
       group_codec: the name of the fused group codec implementing this
         algorithm in MergecompGroupEncode/Decode, or None.
       payload_dtype: the dtype of the fused ops' payload.
+      reduces_own_groups: True when the engine hands whole groups to
+        ``reduce_group()`` instead of running the flat-buffer path.
     """
 
     name = None
@@ -67,6 +72,7 @@ class Compressor:
     shared_seed = False
     group_codec = None
     payload_dtype = tf.uint8
+    reduces_own_groups = False
 
     def __init__(self, backend="op"):
         self.backend = check_backend(backend)
@@ -84,6 +90,25 @@ class Compressor:
         """The codec attributes of the fused group ops for tensors of these sizes."""
         del sizes
         return {}
+
+    def codec_state_size(self, shape):
+        """Floats of the codec's own state for a gradient tensor of this shape,
+        kept by the engine after the memory's buffers in the tensor's variable."""
+        del shape
+        return 0
+
+    def initial_codec_state(self, shape, tensor_index):
+        """The initial value of that state (float32, codec_state_size(shape)
+        elements), identical on every worker: a function of the shape and of
+        the tensor's index in the gradient list, not of its group. None: zeros."""
+        del shape, tensor_index
+        return None
+
+    def reduce_group(self, grads, state_vars, memory, seed, communicator, key):
+        """The averaged gradients of a whole group, for ``reduces_own_groups``
+        codecs: grads as given (shapes, dtypes), state_vars one float32 variable
+        per tensor ([memory buffers, codec state]; [] when both are empty)."""
+        raise NotImplementedError("%s reduces flat buffers: call reduce()" % self.name)
 
     def compress(self, flat, seed):
         """flat: 1-D float32; seed: int64 scalar. Returns (payload, ctx)."""

@@ -1,162 +1,258 @@
-"""PowerSGD: rank-r compression by one step of power iteration.
+"""PowerSGD: each gradient matrix compressed to rank r by one step of power iteration.
 
 Algorithm (Vogels, Karimireddy & Jaggi 2019, "PowerSGD: Practical Low-Rank
-Gradient Compression for Distributed Optimization"), per group:
+Gradient Compression for Distributed Optimization", Algorithms 1 and 2), for
+a group of tensors, each tensor i of rank >= 2 on its own:
 
-  M = the flat buffer as a rows x cols matrix, cols = ceil(sqrt(n)),
-      rows = ceil(n / cols), zero-padded after the n-th value;
-  P = M Q;          P <- allreduce_mean(P);   P <- orthonormalise(P)
-  Q_w = M^T P;      Q <- allreduce_mean(Q_w)
-  result = (P Q^T) cropped to n (already the average over workers).
+  M_i = the tensor after the memory's compensation (g_i + e_i) as a
+        rows_i x cols_i row-major matrix: cols_i = its last dimension
+        (TensorFlow's kernel layouts put output channels last), rows_i =
+        n_i / cols_i; effective rank r_i = min(rank, rows_i, cols_i);
+  P_i = M_i Q_i;         every P_i of the group, followed by the raw values of
+                         its other tensors, in ONE allreduce-mean;
+  P_i <- orthonormalise(P_i);
+  Qlocal_i = M_i^T P_i;  every Qlocal_i in ONE allreduce-mean -> Qmean_i;
+  result_i = P_i Qmean_i^T (already the average over workers), in the
+             tensor's shape and dtype; Q_i <- Qmean_i (warm start).
 
-Q is kept between steps (warm start: one power-iteration step per training
-step converges over steps). Orthonormalisation is Gram-Schmidt on P's columns,
-applied twice; a column whose norm falls below 1e-30 becomes zero (so an
-all-zero gradient gives a zero result, not NaN). NaN or Inf in M propagate to
-the result (matrix products spread them over the group).
+Tensors of rank <= 1 (biases, scalars) and empty tensors are sent as they
+are, so they are averaged exactly (a low-rank fit of a vector is the vector).
+Merging changes the collectives, not the math: a tensor's result is the same
+whatever group it is in. Orthonormalisation is Gram-Schmidt on P_i's columns,
+applied twice; dot products and norms accumulate in float64; a column whose
+norm falls below 1e-30 becomes zero (an all-zero gradient gives zeros, not
+NaN). NaN or Inf in M_i propagate to that tensor's result.
 
-Error feedback ("sent"): this worker's own contribution P Q_w^T, built from the
-shared orthonormal P and this worker's Q_w = M^T P. Its mean over workers is
-the result, and the residual memory keeps M - P Q_w^T, the part of M outside
-span(P): the choice of PowerSGD's paper (Algorithm 2, e <- M - P Q_w^T with the
-aggregated P).
+Error feedback ("sent"): this worker's own contribution P_i Qlocal_i^T, built
+from the shared orthonormal P_i. Its mean over workers is the result, and the
+residual memory keeps e_i = M_i - P_i Qlocal_i^T, the part of M_i outside
+span(P_i) (the paper's Algorithm 2). Tensors sent as they are keep e_i = 0.
 
-State: Q per group, a cols x r tf.Variable created on first use (under
-tf.init_scope) from a deterministic seeded normal draw, so every worker starts
-from the same Q; kept in ``self.q_variables`` (this object is a tf.Module, so
-the variables checkpoint with it). Keys: "q_<group index>_<n>".
+State: in the engine's float32 variable of each tensor (one per gradient
+tensor, see tf_mergecomp/mergecomp.py), after the memory's buffers:
+[e_i (n_i floats, residual memory), Q_i (cols_i x r_i, row-major)]; tensors
+of rank <= 1 keep no Q. Q_i starts as a normal draw seeded by the tensor's
+index in the gradient list (not its group), so every worker starts from the
+same Q_i, and Q_i survives partition changes and checkpoints with the state.
 
-Wire format: two float32 allreduces per step, P (rows x r) and Q (cols x r):
-4 * r * (rows + cols) bytes. The effective rank is min(rank, rows, cols).
-Defaults: rank = 1 (rank < 1 is a ValueError).
+Wire format: two float32 allreduces per group, P then Q, whatever its
+tensors (the Q allreduce is empty when the group has no matrix):
+4 * sum_i r_i * (rows_i + cols_i) + 4 * (elements of the tensors sent as
+they are) bytes per worker (``payload_nbytes``). Defaults: rank = 1 (rank < 1
+is a ValueError).
 
-Ops: MergecompPowersgdPadReshape and MergecompPowersgdOrthonormalize; the
-matrix products use tf.linalg.matmul. The plain-TF reference pads with tf.pad
-and orthonormalises with stock ops; it agrees with the op to float32 rounding
-(sums are accumulated in a different order).
+Backends: "op" runs three fused ops per group, MergecompPowersgdGroupP, ...Q
+and ...Finish (custom_ops/cc/kernels/powersgd_op.h; Eigen matrix products,
+state read and updated in place), with the memories "none" and "residual";
+another memory (chosen explicitly) runs the plain-TF path. "reference" is that
+plain-TF path (tf.linalg.matmul per tensor); the two agree to float32
+rounding (sums are accumulated in different orders).
 """
 
+import collections
 import math
+import numbers
 import zlib
 
 import tensorflow as tf
 
 from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random
-from tf_mergecomp.compressors._sparse import static_length
 from tf_mergecomp.compressors.base import (ALLREDUCE, Compressor, as_float32,
                                            check_positive_int)
 
 MIN_NORM = 1e-30  # kPowersgdMinNorm in custom_ops/cc/kernels/powersgd_op.h
+# Memories the fused ops implement (state [e_i, Q_i] or [Q_i]).
+FUSED_MEMORIES = ("none", "residual")
+
+MatrixView = collections.namedtuple("MatrixView", ["rows", "cols", "rank"])
 
 
-def matrix_shape(n):
-    """(rows, cols) of the near-square matrix holding n values."""
-    if n == 0:
-        return 0, 0
-    cols = int(math.ceil(math.sqrt(n)))
-    return -(-n // cols), cols
+def matrix_view(shape, rank):
+    """The rows x cols matrix and effective rank of a tensor of this shape, or
+    None for a tensor sent as it is (rank <= 1, or no elements)."""
+    shape = tf.TensorShape(shape)
+    if not shape.is_fully_defined():
+        raise ValueError("powersgd needs gradients of static shape, got %s" % (shape,))
+    n = shape.num_elements()
+    if shape.rank < 2 or n == 0:
+        return None
+    cols = shape[-1]
+    rows = n // cols
+    return MatrixView(rows, cols, min(rank, rows, cols))
 
 
 def reference_orthonormalize(matrix):
-    """Gram-Schmidt, twice, on the columns of a rows x r float32 matrix."""
+    """Gram-Schmidt, twice, on the columns of a rows x r float32 matrix (the
+    fused op's arithmetic: float64 dot products and norms, float32 updates)."""
     columns = []
     for j in range(matrix.shape[1]):
         column = matrix[:, j]
         for _ in range(2):
             for previous in columns:
-                column = column - tf.reduce_sum(previous * column) * previous
+                dot = tf.reduce_sum(tf.cast(previous, tf.float64) * tf.cast(column, tf.float64))
+                column = column - tf.cast(dot, tf.float32) * previous
         norm = tf.sqrt(tf.reduce_sum(tf.cast(column, tf.float64) ** 2))
         scale = tf.where(norm > MIN_NORM, 1.0 / norm, tf.zeros_like(norm))
         columns.append(column * tf.cast(scale, tf.float32))
     return tf.stack(columns, axis=1)
 
 
-class PowerSGDCompressor(Compressor, tf.Module):
+def _concat(parts):
+    if not parts:
+        return tf.zeros([0], tf.float32)
+    return tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+
+
+def _split(flat, sizes):
+    if len(sizes) == 1:
+        return [flat]
+    return tf.split(flat, sizes) if sizes else []
+
+
+class PowerSGDCompressor(Compressor):
     name = "powersgd"
     collective = ALLREDUCE
     default_memory = "residual"
+    reduces_own_groups = True
 
     def __init__(self, rank=1, backend="op"):
-        tf.Module.__init__(self, name="powersgd")
-        Compressor.__init__(self, backend)
+        super().__init__(backend)
         self.rank = check_positive_int("rank", rank)
-        self.q_variables = {}
 
     @property
     def params(self):
         return {"rank": self.rank}
 
-    def effective_rank(self, n):
-        rows, cols = matrix_shape(n)
-        return min(self.rank, rows, cols)
+    def matrix_view(self, shape):
+        return matrix_view(shape, self.rank)
 
-    def payload_nbytes(self, n):
-        rows, cols = matrix_shape(n)
-        return 4 * self.effective_rank(n) * (rows + cols)
+    def codec_state_size(self, shape):
+        view = self.matrix_view(shape)
+        return 0 if view is None else view.cols * view.rank
+
+    def initial_codec_state(self, shape, tensor_index):
+        """Q_i: cols x r standard normal values (row-major), a fixed function of
+        the tensor's index in the gradient list and its shape."""
+        view = self.matrix_view(shape)
+        if view is None:
+            return None
+        count = view.cols * view.rank
+        seed = zlib.crc32(b"powersgd_q_%d" % tensor_index)
+        # Box-Muller on counter-based uniforms: the same on every worker.
+        uniform = _random.random_uniform(tf.constant(seed, tf.int64), 2 * count)
+        radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[:count]))
+        angle = 2.0 * math.pi * uniform[count:]
+        return radius * tf.cos(angle)
+
+    def payload_nbytes(self, shapes):
+        """Bytes this worker sends (both allreduces) for a group of tensors of
+        these shapes (a list of shapes); an int n stands for one 1-D tensor of
+        n elements, which is sent as it is (4n bytes)."""
+        if isinstance(shapes, numbers.Integral):
+            shapes = [[shapes]]
+        total = 0
+        for shape in shapes:
+            view = self.matrix_view(shape)
+            if view is None:
+                total += 4 * tf.TensorShape(shape).num_elements()
+            else:
+                total += 4 * view.rank * (view.rows + view.cols)
+        return total
 
     def collectives_per_group(self):
         return 2
 
+    def _flat_path_error(self):
+        return NotImplementedError(
+            "powersgd compresses each tensor as a matrix with two collectives per group: "
+            "call reduce_group() with the group's tensors")
+
     def compress(self, flat, seed):
-        raise NotImplementedError("powersgd needs two collectives per step: call reduce()")
+        raise self._flat_path_error()
 
     def decompress(self, payload, ctx):
-        raise NotImplementedError("powersgd needs two collectives per step: call reduce()")
+        raise self._flat_path_error()
 
     def combine(self, collected, ctx, world_size):
-        raise NotImplementedError("powersgd needs two collectives per step: call reduce()")
-
-    @staticmethod
-    def _group_name(group, n):
-        index = group[0] if isinstance(group, tuple) and group else group
-        return "q_%s_%d" % (index, n)
-
-    def q_variable(self, group, n):
-        """The group's Q (cols x r), created on first use, identical on all workers."""
-        key = self._group_name(group, n)
-        if key not in self.q_variables:
-            _, cols = matrix_shape(n)
-            r = self.effective_rank(n)
-            seed = zlib.crc32(key.encode("ascii"))
-            with tf.init_scope():
-                # Box-Muller on counter-based uniforms: a fixed function of the key.
-                uniform = _random.random_uniform(tf.constant(seed, tf.int64), 2 * cols * r)
-                radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[: cols * r]))
-                angle = 2.0 * math.pi * uniform[cols * r:]
-                initial = tf.reshape(radius * tf.cos(angle), [cols, r])
-                self.q_variables[key] = tf.Variable(initial, trainable=False, name=key)
-        return self.q_variables[key]
-
-    def _matrix(self, values, rows, cols):
-        if self.backend == "op":
-            return load().mergecomp_powersgd_pad_reshape(values, rows=rows, cols=cols)
-        n = values.shape[0]
-        return tf.reshape(tf.pad(values, [[0, rows * cols - n]]), [rows, cols])
-
-    def _orthonormalize(self, matrix):
-        if self.backend == "op":
-            return load().mergecomp_powersgd_orthonormalize(matrix)
-        return reference_orthonormalize(matrix)
+        raise self._flat_path_error()
 
     def reduce(self, flat, seed, communicator, group, sizes=None):
-        n = static_length(flat)
-        dtype = flat.dtype
-        if n == 0:
-            empty = tf.zeros([0], dtype)
-            return empty, lambda: empty
-        rows, cols = matrix_shape(n)
-        matrix = self._matrix(as_float32(flat), rows, cols)
-        q = self.q_variable(group, n)
-        p = tf.linalg.matmul(matrix, q)
-        p = communicator.allreduce_mean(p, (group, "P"))
-        p = self._orthonormalize(p)
-        q_local = tf.linalg.matmul(matrix, p, transpose_a=True)
-        q_mean = communicator.allreduce_mean(q_local, (group, "Q"))
-        q.assign(q_mean)
+        raise self._flat_path_error()
 
-        def crop(product):
-            return tf.cast(tf.reshape(product, [-1])[:n], dtype)
+    def reduce_group(self, grads, state_vars, memory, seed, communicator, key):
+        """The group's averaged gradients (shapes and dtypes of ``grads``);
+        state_vars: the engine's variable of each tensor, [memory buffers, Q_i]
+        ([] when no tensor keeps state). ``seed`` is unused: nothing is drawn
+        after Q's initialisation."""
+        del seed
+        for g in grads:
+            self.matrix_view(g.shape)  # static shapes, or a clear error
+        if self.backend == "op" and memory.name in FUSED_MEMORIES:
+            return self._reduce_group_fused(grads, state_vars, memory, communicator, key)
+        return self._reduce_group_reference(grads, state_vars, memory, communicator, key)
 
-        averaged = crop(tf.linalg.matmul(p, q_mean, transpose_b=True))
-        return averaged, lambda: crop(tf.linalg.matmul(p, q_local, transpose_b=True))
+    def _reduce_group_fused(self, grads, state_vars, memory, communicator, key):
+        ops = load()
+        residual = memory.name == "residual"
+        handles = [v.handle for v in state_vars]
+        shapes = [g.shape for g in grads]
+        p, compensated = ops.mergecomp_powersgd_group_p(grads, handles, rank=self.rank,
+                                                        residual=residual)
+        p_mean = communicator.allreduce_mean(p, (key, "P"))
+        p_orthonormal, q_local = ops.mergecomp_powersgd_group_q(p_mean, compensated,
+                                                                shapes=shapes, rank=self.rank)
+        q_mean = communicator.allreduce_mean(q_local, (key, "Q"))
+        return ops.mergecomp_powersgd_group_finish(
+            p_orthonormal, q_local, q_mean, compensated, handles, T=[g.dtype for g in grads],
+            shapes=shapes, rank=self.rank, residual=residual)
+
+    def _reduce_group_reference(self, grads, state_vars, memory, communicator, key):
+        """The same math per tensor in plain TF, on the same state layout."""
+        names = memory.state_names
+        views = [self.matrix_view(g.shape) for g in grads]
+        sizes = [g.shape.num_elements() for g in grads]
+        compensated, memory_states, matrices, qs = [], [], [], []
+        for i, (g, n, view) in enumerate(zip(grads, sizes, views)):
+            variable = state_vars[i] if state_vars else None
+            state = {name: variable[b * n:(b + 1) * n] for b, name in enumerate(names)}
+            m, state = memory.compensate(tf.reshape(as_float32(g), [-1]), state)
+            compensated.append(m)
+            memory_states.append(state)
+            if view is not None:
+                matrices.append(tf.reshape(m, [view.rows, view.cols]))
+                qs.append(tf.reshape(variable[len(names) * n:], [view.cols, view.rank]))
+        low_rank = [view for view in views if view is not None]
+        raw = [m for m, view in zip(compensated, views) if view is None]
+
+        p_parts = [tf.reshape(tf.linalg.matmul(m, q), [-1]) for m, q in zip(matrices, qs)]
+        p_mean = communicator.allreduce_mean(_concat(p_parts + raw), (key, "P"))
+        parts = _split(p_mean, [v.rows * v.rank for v in low_rank] + [int(r.shape[0]) for r in raw])
+        ps = [reference_orthonormalize(tf.reshape(part, [v.rows, v.rank]))
+              for part, v in zip(parts, low_rank)]
+        averaged_raw = parts[len(low_rank):]
+        q_locals = [tf.linalg.matmul(m, p, transpose_a=True) for m, p in zip(matrices, ps)]
+        q_mean = communicator.allreduce_mean(_concat([tf.reshape(q, [-1]) for q in q_locals]),
+                                             (key, "Q"))
+        q_means = [tf.reshape(part, [v.cols, v.rank])
+                   for part, v in zip(_split(q_mean, [v.cols * v.rank for v in low_rank]), low_rank)]
+
+        outputs = []
+        matrix_index = raw_index = 0
+        for i, (g, view) in enumerate(zip(grads, views)):
+            state = memory_states[i]
+            if view is None:
+                averaged, sent, new_q = averaged_raw[raw_index], compensated[i], []
+                raw_index += 1
+            else:
+                p, j = ps[matrix_index], matrix_index
+                averaged = tf.linalg.matmul(p, q_means[j], transpose_b=True)
+                sent = tf.reshape(tf.linalg.matmul(p, q_locals[j], transpose_b=True), [-1])
+                new_q = [tf.reshape(q_means[j], [-1])]
+                matrix_index += 1
+            outputs.append(tf.cast(tf.reshape(averaged, g.shape), g.dtype))
+            if memory.needs_sent:
+                state = memory.update(compensated[i], sent, state)
+            if state_vars:
+                state_vars[i].assign(_concat([state[name] for name in names] + new_q))
+        return outputs

@@ -1,9 +1,13 @@
 """Error-feedback memories, found by name.
 
-A memory is a pure function of tensors: the engine owns the state (one
-``tf.Variable`` per gradient tensor and state name, so that it checkpoints
-with the model and does not depend on the partition) and hands each group's
-slice of it in and out as flat buffers:
+A memory names its state buffers and defines how they change; the engine owns
+the state (one flat float32 ``tf.Variable`` per gradient tensor, holding the
+memory's buffers back to back in ``state_names`` order, so that it checkpoints
+with the model and does not depend on the partition). The fused group op
+(``MergecompGroupEncode``, memory attribute ``name`` and ``op_attrs()``)
+applies the memory inside the kernel; the plain-TF path, the reference the op
+is tested against, hands each group's slice of the state in and out as flat
+buffers:
 
     compensated, state = memory.compensate(flat_grad, state)
     ... compress and communicate ``compensated`` ...

@@ -5,6 +5,7 @@
 #include "cc/kernels/dgc_op.h"
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <vector>
 
@@ -54,22 +55,31 @@ Status DgcEncodeFunctor<CPUDevice>::operator()(OpKernelContext* context, const f
   const sparse::Blocks blocks = sparse::MakeBlocks(n);
   CpuBlockRunner run(context, blocks.size * 2);
   auto key = [input](int64_t i) { return sparse::MagnitudeKey(input[i]); };
-  std::vector<int64_t> block_counts(blocks.count);
-  auto count_candidates = [&](float t) {
-    const uint32_t t_key = sparse::MagnitudeKey(t);
-    run(blocks.count, [&](int64_t b) {
-      int64_t count = 0;
-      for (int64_t i = blocks.begin(b), e = blocks.end(b); i < e; ++i) count += key(i) >= t_key;
-      block_counts[b] = count;
-    });
-    int64_t total = 0;
-    for (int64_t c : block_counts) total += c;
-    return total;
-  };
-  int64_t candidates = count_candidates(threshold);
-  for (int round = 0; round < kDgcRefinements && candidates < k; ++round) {
-    threshold = threshold * 0.5f;
-    candidates = count_candidates(threshold);
+  // The candidates at the sampled threshold and at each refinement (halved
+  // up to kDgcRefinements times) are counted in one pass over the input;
+  // the first that reaches k wins, as refining one count at a time would.
+  constexpr int kThresholds = kDgcRefinements + 1;
+  float thresholds[kThresholds];
+  uint32_t threshold_keys[kThresholds];
+  for (int r = 0; r < kThresholds; ++r) {
+    thresholds[r] = r == 0 ? threshold : thresholds[r - 1] * 0.5f;
+    threshold_keys[r] = sparse::MagnitudeKey(thresholds[r]);
+  }
+  std::vector<std::array<int64_t, kThresholds>> block_counts(blocks.count);
+  run(blocks.count, [&](int64_t b) {
+    std::array<int64_t, kThresholds> counts{};
+    for (int64_t i = blocks.begin(b), e = blocks.end(b); i < e; ++i) {
+      const uint32_t k_i = key(i);
+      for (int r = 0; r < kThresholds; ++r) counts[r] += k_i >= threshold_keys[r];
+    }
+    block_counts[b] = counts;
+  });
+  int64_t candidates = 0;
+  for (int r = 0; r < kThresholds; ++r) {
+    candidates = 0;
+    for (const auto& counts : block_counts) candidates += counts[r];
+    threshold = thresholds[r];
+    if (candidates >= k) break;
   }
 
   float* values = sparse::PayloadValues(payload);
@@ -157,9 +167,7 @@ class DgcGroupCodec : public SparseGroupCodec {
   Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t seed, uint8_t* payload,
                 int32_t*) const override {
-    const float* values;
-    Tensor storage;
-    TF_RETURN_IF_ERROR(ContiguousInputData(context, input, layout.total(), &storage, &values));
+    const float* values = input.Contiguous();
     return DgcEncodeFunctor<CPUDevice>()(context, values, layout.total(), seed, params.k,
                                          params.sample_size, payload);
   }

@@ -74,17 +74,6 @@ void CopyFromContiguous(OpKernelContext* context, const float* data, int64_t n,
   });
 }
 
-Status ContiguousInputData(OpKernelContext* context, const BlockInput& input, int64_t n,
-                           Tensor* storage, const float** data) {
-  *data = input.Contiguous();
-  if (*data != nullptr) return tensorflow::OkStatus();
-  TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({n}), storage));
-  float* values = storage->flat<float>().data();
-  CopyToContiguous(context, input, n, values);
-  *data = values;
-  return tensorflow::OkStatus();
-}
-
 namespace {
 
 // Calls fn(T()) with T the C++ type of a float dtype.
@@ -130,26 +119,57 @@ int StateBuffers(Memory memory) {
   return memory == Memory::kNone ? 0 : (memory == Memory::kDgc ? 2 : 1);
 }
 
-// The memories that write their state before encoding: the compensated
-// group then lives in the state (SIGNUM's m, DGC's v) and is read from there.
-// Each float operation rounds once, as the plain-TF memories do, so the two
-// agree bit for bit.
+// Compensation written into the state, for elements [begin, end) of one
+// tensor: the compensated group p then lives in the state (SIGNUM's m, DGC's
+// v; for codecs sending entries also the residual, e <- g + e, from which the
+// sent entries are subtracted afterwards) and is read from there. A non-null
+// copy receives p too. Each float operation rounds once, as the plain-TF
+// memories do, so the two agree bit for bit.
 template <typename T>
 void CompensateInState(Memory memory, float decay, float gradient_scale, const T* g,
-                       float* state, int64_t n, int64_t begin, int64_t end) {
-  if (memory == Memory::kMomentum) {
-    for (int64_t j = begin; j < end; ++j) {
-      const float decayed = decay * state[j];
-      state[j] = decayed + gradient_scale * static_cast<float>(g[j]);
-    }
-  } else if (memory == Memory::kDgc) {
-    float* u = state;
-    float* v = state + n;
-    for (int64_t j = begin; j < end; ++j) {
-      u[j] = decay * u[j] + static_cast<float>(g[j]);
-      v[j] = v[j] + u[j];
+                       float* state, int64_t n, int64_t begin, int64_t end, float* copy) {
+  switch (memory) {
+    case Memory::kNone:
+      if (copy) for (int64_t j = begin; j < end; ++j) copy[j] = static_cast<float>(g[j]);
+      return;
+    case Memory::kResidual:
+      for (int64_t j = begin; j < end; ++j) {
+        state[j] = static_cast<float>(g[j]) + state[j];
+        if (copy) copy[j] = state[j];
+      }
+      return;
+    case Memory::kMomentum:
+      for (int64_t j = begin; j < end; ++j) {
+        const float decayed = decay * state[j];
+        state[j] = decayed + gradient_scale * static_cast<float>(g[j]);
+        if (copy) copy[j] = state[j];
+      }
+      return;
+    case Memory::kDgc: {
+      float* u = state;
+      float* v = state + n;
+      for (int64_t j = begin; j < end; ++j) {
+        u[j] = decay * u[j] + static_cast<float>(g[j]);
+        v[j] = v[j] + u[j];
+        if (copy) copy[j] = v[j];
+      }
+      return;
     }
   }
+}
+
+// The tensor's compensated values as they stand in the state after
+// CompensateInState (none: the gradient when it is float32), or null.
+const float* CompensatedInState(Memory memory, const Tensor& gradient, float* state, int64_t n) {
+  switch (memory) {
+    case Memory::kNone:
+      return gradient.dtype() == tensorflow::DT_FLOAT ? static_cast<const float*>(gradient.data())
+                                                      : nullptr;
+    case Memory::kResidual:
+    case Memory::kMomentum: return state;
+    case Memory::kDgc: return state + n;
+  }
+  return nullptr;
 }
 
 // The state variables of a group, locked for the kernel's duration in
@@ -212,24 +232,30 @@ class LockedState {
   std::vector<float*> buffers_;
 };
 
-// The compensated group p, block by block: g (memory none), g + e
-// (residual, computed as it is read), or the state the compensation wrote
-// (momentum: m; dgc: v). A block inside one tensor whose p is already a
-// float32 array is read in place.
+// The compensated group p of the dense codecs, block by block: g (memory
+// none), g + e (residual, computed as it is read, the state being updated
+// after the encode), or the state that the compensation writes (momentum: m;
+// dgc: v), compensated the first time a block is read, so that compensation
+// and the encode's first pass are one pass over the data. A block inside one
+// tensor whose p is a float32 array is read in place. Encoders read each
+// block from one thread at a time, so the per-block flags need no lock.
 class CompensatedInput : public BlockInput {
  public:
   CompensatedInput(const GroupLayout& layout, const tensorflow::OpInputList& gradients,
-                   Memory memory, const LockedState& state)
-      : layout_(layout), gradients_(gradients), memory_(memory), state_(state) {}
+                   Memory memory, float decay, float gradient_scale, const LockedState& state)
+      : layout_(layout), gradients_(gradients), memory_(memory), decay_(decay),
+        gradient_scale_(gradient_scale), state_(state),
+        compensated_(NumBlocks(layout.total()), WritesState() ? 0 : 1) {}
 
   const float* Block(int64_t begin, int64_t count) const override {
+    CompensateBlock(begin / kBlockElements);
     const int64_t i = layout_.TensorAt(begin);
     if (begin + count <= layout_.offset(i + 1)) {
       if (const float* values = InPlace(i)) return values + (begin - layout_.offset(i));
     }
     float* block = ThreadBlockBuffer(0);
     layout_.ForEachPart(begin, begin + count, [&](int64_t t, int64_t part_begin, int64_t part_end) {
-      float* p = block + (layout_.offset(t) + part_begin - begin) - part_begin;
+      float* p = block + (layout_.offset(t) - begin);
       if (const float* values = InPlace(t)) {
         memcpy(p + part_begin, values + part_begin, (part_end - part_begin) * sizeof(float));
         return;
@@ -246,28 +272,42 @@ class CompensatedInput : public BlockInput {
     return block;
   }
 
-  const float* Contiguous() const override {
-    return layout_.num_tensors() == 1 ? InPlace(0) : nullptr;
+  // Compensates the blocks the encoder did not read (the state must move for all).
+  void CompensateRest(OpKernelContext* context) const {
+    ForEachBlock(context, NumBlocks(layout_.total()), 4 * kBlockElements,
+                 [&](int64_t block) { CompensateBlock(block); });
   }
 
  private:
+  bool WritesState() const { return memory_ == Memory::kMomentum || memory_ == Memory::kDgc; }
+
+  void CompensateBlock(int64_t block) const {
+    if (compensated_[block]) return;
+    const int64_t begin = block * kBlockElements;
+    const int64_t end = std::min(begin + kBlockElements, layout_.total());
+    layout_.ForEachPart(begin, end, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        CompensateInState<T>(memory_, decay_, gradient_scale_,
+                             static_cast<const T*>(gradients_[t].data()), state_.buffer(t),
+                             layout_.size(t), part_begin, part_end, nullptr);
+      });
+    });
+    compensated_[block] = 1;
+  }
+
   const float* InPlace(int64_t i) const {
-    switch (memory_) {
-      case Memory::kNone:
-        return gradients_[i].dtype() == tensorflow::DT_FLOAT
-                   ? static_cast<const float*>(gradients_[i].data())
-                   : nullptr;
-      case Memory::kMomentum: return state_.buffer(i);
-      case Memory::kDgc: return state_.buffer(i) + layout_.size(i);
-      case Memory::kResidual: return nullptr;
-    }
-    return nullptr;
+    if (memory_ == Memory::kResidual) return nullptr;  // g + e exists nowhere yet
+    return CompensatedInState(memory_, gradients_[i], state_.buffer(i), layout_.size(i));
   }
 
   const GroupLayout& layout_;
   const tensorflow::OpInputList& gradients_;
   Memory memory_;
+  float decay_;
+  float gradient_scale_;
   const LockedState& state_;
+  mutable std::vector<char> compensated_;
 };
 
 // Receives s = decode(this worker's own payload) block by block and updates
@@ -394,19 +434,15 @@ class GroupEncodeOp : public OpKernel {
     auto* payload = static_cast<uint8_t*>(payload_tensor->data());
     int32_t* codec_context = context_tensor->flat<int32_t>().data();
 
-    if (memory_ == Memory::kMomentum || memory_ == Memory::kDgc) {
-      ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
-        DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
-          using T = decltype(type_tag);
-          CompensateInState<T>(memory_, decay_, gradient_scale_,
-                               static_cast<const T*>(gradients[i].data()), state.buffer(i),
-                               layout.size(i), begin, end);
-        });
-      });
+    if (codec_->SendsEntries()) {
+      OP_REQUIRES_OK(context, EncodeEntries(context, layout, gradients, state, seed, payload,
+                                            codec_context));
+      return;
     }
-    const CompensatedInput compensated(layout, gradients, memory_, state);
+    const CompensatedInput compensated(layout, gradients, memory_, decay_, gradient_scale_, state);
     OP_REQUIRES_OK(context, codec_->Encode(context, compensated, layout, params_, seed, payload,
                                            codec_context));
+    compensated.CompensateRest(context);
     if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
       const StateUpdateOutput update(layout, compensated, memory_, state);
       OP_REQUIRES_OK(context,
@@ -415,6 +451,65 @@ class GroupEncodeOp : public OpKernel {
   }
 
  private:
+  // The sparse codecs: one pass compensates into the state and, for a group
+  // of several tensors, into one array the codec selects from; the state is
+  // then corrected at the sent entries only (e <- p - sent; dgc: v <- p -
+  // sent, u masked where something non-zero was sent).
+  Status EncodeEntries(OpKernelContext* context, const GroupLayout& layout,
+                       const tensorflow::OpInputList& gradients, const LockedState& state,
+                       int64_t seed, uint8_t* payload, int32_t* codec_context) const {
+    const float* group = nullptr;
+    Tensor storage;
+    float* copy = nullptr;
+    if (layout.num_tensors() > 1) {
+      TF_RETURN_IF_ERROR(
+          context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({layout.total()}), &storage));
+      copy = storage.flat<float>().data();
+      group = copy;
+    }
+    if (copy != nullptr || memory_ != Memory::kNone) {
+      ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
+        DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
+          using T = decltype(type_tag);
+          CompensateInState<T>(memory_, decay_, gradient_scale_,
+                               static_cast<const T*>(gradients[i].data()), state.buffer(i),
+                               layout.size(i), begin, end,
+                               copy ? copy + layout.offset(i) : nullptr);
+        });
+      });
+    }
+    if (group == nullptr) {
+      group = CompensatedInState(memory_, gradients[0], state.buffer(0), layout.size(0));
+    }
+    if (group == nullptr) {  // one tensor of another dtype, memory none
+      TF_RETURN_IF_ERROR(
+          context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({layout.total()}), &storage));
+      copy = storage.flat<float>().data();
+      DispatchFloatType(gradients[0].dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        const T* g = static_cast<const T*>(gradients[0].data());
+        for (int64_t j = 0; j < layout.total(); ++j) copy[j] = static_cast<float>(g[j]);
+      });
+      group = copy;
+    }
+    TF_RETURN_IF_ERROR(codec_->Encode(context, ContiguousInput(group), layout, params_, seed,
+                                      payload, codec_context));
+    if (memory_ != Memory::kResidual && memory_ != Memory::kDgc) return tensorflow::OkStatus();
+    codec_->ForEachSent(payload, codec_context, layout, params_, [&](int64_t index, float value) {
+      const int64_t t = layout.TensorAt(index);
+      const int64_t j = index - layout.offset(t);
+      float* buffer = state.buffer(t);
+      if (memory_ == Memory::kResidual) {
+        buffer[j] = buffer[j] - value;
+      } else {
+        float* v = buffer + layout.size(t);
+        v[j] = v[j] - value;
+        buffer[j] = buffer[j] * (value == 0.0f ? 1.0f : 0.0f);
+      }
+    });
+    return tensorflow::OkStatus();
+  }
+
   std::unique_ptr<GroupCodec> codec_;
   GroupCodecParams params_;
   DataType payload_type_;

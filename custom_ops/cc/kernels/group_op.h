@@ -79,6 +79,18 @@ class GroupCodec {
   // int32 entries the decoder needs besides the payload (random-k's positions).
   virtual int64_t ContextSize(const GroupLayout&, const GroupCodecParams&) const { return 0; }
 
+  // True for the codecs that send selected entries of the group (topk, dgc,
+  // randomk): they read the compensated group as one array (input.Contiguous()
+  // is then never null), and the encode op updates the error-feedback state
+  // from ForEachSent instead of decoding the whole payload again.
+  virtual bool SendsEntries() const { return false; }
+
+  // Calls sent(flat_index, value) for every entry of this worker's payload as
+  // Decode would add it (padding slots included), in slot order.
+  virtual void ForEachSent(const uint8_t* /*payload*/, const int32_t* /*codec_context*/,
+                           const GroupLayout& /*layout*/, const GroupCodecParams& /*params*/,
+                           const std::function<void(int64_t, float)>& /*sent*/) const {}
+
   // input: the compensated float32 group, read block by block. seed: this
   // worker's seed of the step and group; tensor i of a codec drawing per
   // tensor uses TensorSeed(seed, i).
@@ -134,12 +146,6 @@ tensorflow::Status ReadGroupCodecParams(AttrSource* source, GroupCodecParams* pa
   return tensorflow::OkStatus();
 }
 
-// For codecs that need the whole group in one array (the sparse selections):
-// the input's own array when it has one, else the blocks copied into
-// `storage`.
-tensorflow::Status ContiguousInputData(tensorflow::OpKernelContext* context,
-                                       const BlockInput& input, int64_t n,
-                                       tensorflow::Tensor* storage, const float** data);
 // Copies every block of input into data[0, n).
 void CopyToContiguous(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
                       float* data);

@@ -1,125 +1,484 @@
-// CPU kernels of MergecompPowersgdPadReshape and MergecompPowersgdOrthonormalize.
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#endif
+// CPU kernels of MergecompPowersgdGroupP, MergecompPowersgdGroupQ and
+// MergecompPowersgdGroupFinish (see powersgd_op.h).
+//
+// The matrix products are Eigen's (row-major Eigen::Map views of the flat
+// buffers, no copies). Each product is cut into chunks of rows (or of
+// columns, for M^T P, so that every output element is one thread's sum) of
+// about kChunkElements elements of M, and the chunks of all the group's
+// tensors are sharded over TensorFlow's intra-op pool together: many small
+// tensors and one large tensor both use every thread, and results do not
+// depend on the thread count.
 #include "cc/kernels/powersgd_op.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
 
+#include "cc/kernels/dense_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace tf_mergecomp {
+namespace {
 
+using tensorflow::DataType;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
 using tensorflow::OpKernelContext;
+using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
-using CPUDevice = Eigen::ThreadPoolDevice;
 
-template <>
-void PowersgdPadReshapeFunctor<CPUDevice>::operator()(OpKernelContext* context,
-                                                      const float* input, int64_t n,
-                                                      int64_t total, float* output) {
-  std::memcpy(output, input, sizeof(float) * n);
-  std::fill(output + n, output + total, 0.0f);
+using RowMajorMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMajorMatrix>;
+using ConstMatrixMap = Eigen::Map<const RowMajorMatrix>;
+// Some columns of a row-major matrix: rows keep the whole matrix's stride.
+using ConstColumnsMap = Eigen::Map<const RowMajorMatrix, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// Elements of M per unit of parallel work: enough to amortise the pool's
+// dispatch, few enough that one large tensor spreads over every thread.
+constexpr int64_t kChunkElements = int64_t{1} << 16;
+// A column chunk reads at least this many consecutive floats (four 64-byte
+// cache lines) of each of M's rows, so the strided reads of M^T P stream.
+constexpr int64_t kColumnAlignment = 64;
+
+// Rows, columns or elements [begin, end) of one tensor.
+struct Chunk {
+  int64_t tensor;
+  int64_t begin;
+  int64_t end;
+};
+
+enum class ChunkOver { kElements, kRows, kColumns };
+
+std::vector<Chunk> MakeChunks(const PowersgdGroupLayout& layout, ChunkOver over) {
+  std::vector<Chunk> chunks;
+  for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+    const PowersgdTensor& t = layout.tensor(i);
+    int64_t extent = 0;
+    int64_t step = 1;
+    if (over == ChunkOver::kElements) {
+      extent = t.size;
+      step = kChunkElements;
+    } else if (!t.low_rank) {
+      continue;
+    } else if (over == ChunkOver::kRows) {
+      extent = t.rows;
+      step = std::max<int64_t>(1, kChunkElements / t.cols);
+    } else {
+      extent = t.cols;
+      step = std::max(kColumnAlignment,
+                      kChunkElements / t.rows / kColumnAlignment * kColumnAlignment);
+    }
+    for (int64_t begin = 0; begin < extent; begin += step) {
+      chunks.push_back({i, begin, std::min(extent, begin + step)});
+    }
+  }
+  return chunks;
 }
 
-template <>
-void PowersgdOrthonormalizeFunctor<CPUDevice>::operator()(OpKernelContext* context,
-                                                          const float* input, int64_t rows,
-                                                          int64_t rank, float* output) {
-  std::memcpy(output, input, sizeof(float) * rows * rank);
+// Calls fn(chunk) for every chunk, sharded over the intra-op pool;
+// cost_per_element in the pool's units (~cycles per element of M).
+void ForEachChunk(OpKernelContext* context, const std::vector<Chunk>& chunks,
+                  int64_t cost_per_element, const std::function<void(const Chunk&)>& fn) {
+  ForEachBlock(context, static_cast<int64_t>(chunks.size()), kChunkElements * cost_per_element,
+               [&](int64_t c) { fn(chunks[c]); });
+}
+
+// A per-thread float buffer of at least `size` elements, reused across calls:
+// a chunk's intermediate products stay in cache instead of being allocated
+// (and, above malloc's mmap threshold, page-faulted) every time.
+float* ThreadScratch(int64_t size) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < size) scratch.resize(size);
+  return scratch.data();
+}
+
+// Calls fn(T()) with T the C++ type of a float dtype.
+template <typename Fn>
+void DispatchFloatType(DataType dtype, const Fn& fn) {
+  switch (dtype) {
+    case tensorflow::DT_HALF: return fn(Eigen::half());
+    case tensorflow::DT_BFLOAT16: return fn(Eigen::bfloat16());
+    case tensorflow::DT_FLOAT: return fn(float());
+    case tensorflow::DT_DOUBLE: return fn(double());
+    default: return;  // the ops' type constraints admit no other dtype
+  }
+}
+
+// Gram-Schmidt, applied twice ("twice is enough"), on the r columns of a
+// rows x r row-major matrix, in place. Dot products and norms accumulate in
+// double; a column whose norm is below kPowersgdMinNorm (or NaN) becomes
+// zero times itself, so zeros stay zero and NaN propagates.
+void Orthonormalize(float* p, int64_t rows, int64_t rank) {
   for (int64_t j = 0; j < rank; ++j) {
     for (int pass = 0; pass < 2; ++pass) {
-      for (int64_t p = 0; p < j; ++p) {
+      for (int64_t previous = 0; previous < j; ++previous) {
         double dot = 0.0;
         for (int64_t i = 0; i < rows; ++i) {
-          dot += static_cast<double>(output[i * rank + p]) * output[i * rank + j];
+          dot += static_cast<double>(p[i * rank + previous]) * p[i * rank + j];
         }
         const float projection = static_cast<float>(dot);
-        for (int64_t i = 0; i < rows; ++i) output[i * rank + j] -= projection * output[i * rank + p];
+        for (int64_t i = 0; i < rows; ++i) p[i * rank + j] -= projection * p[i * rank + previous];
       }
     }
     double squares = 0.0;
     for (int64_t i = 0; i < rows; ++i) {
-      squares += static_cast<double>(output[i * rank + j]) * output[i * rank + j];
+      squares += static_cast<double>(p[i * rank + j]) * p[i * rank + j];
     }
     const double norm = std::sqrt(squares);
-    // A NaN norm also takes the zero scale, and NaN * 0 keeps the NaN: NaN
-    // inputs propagate rather than vanish.
     const float scale = norm > kPowersgdMinNorm ? static_cast<float>(1.0 / norm) : 0.0f;
-    for (int64_t i = 0; i < rows; ++i) output[i * rank + j] *= scale;
+    for (int64_t i = 0; i < rows; ++i) p[i * rank + j] *= scale;
   }
 }
 
-template <typename Device>
-class PowersgdPadReshapeOp : public OpKernel {
+// The group's state variables (powersgd_op.h), locked for the kernel's
+// duration in address order so that two kernels sharing variables cannot
+// deadlock. With `exclusive`, each variable gets a buffer of its own to update
+// in place: one still shared with a tensor that read the variable earlier is
+// copied first, as TensorFlow's fused optimizer kernels do.
+class LockedPowersgdState {
  public:
-  explicit PowersgdPadReshapeOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rows", &rows_));
-    OP_REQUIRES_OK(context, context->GetAttr("cols", &cols_));
+  Status Acquire(OpKernelContext* context, const PowersgdGroupLayout& layout, bool residual,
+                 bool exclusive) {
+    exclusive_ = exclusive;
+    int first, end;
+    TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
+    const int count = end - first;
+    int64_t total = 0;
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) total += layout.state_size(i, residual);
+    if (count == 0 && total == 0) return tensorflow::OkStatus();
+    if (count != layout.num_tensors()) {
+      return tensorflow::errors::InvalidArgument(
+          "PowerSGD needs one state variable per tensor (", layout.num_tensors(), "), got ",
+          count);
+    }
+    variables_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
+          context, tensorflow::HandleFromInput(context, first + i), &variables_[i]));
+    }
+    std::vector<tensorflow::Var*> order;
+    for (auto& variable : variables_) order.push_back(variable.get());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    if (order.size() != variables_.size()) {
+      return tensorflow::errors::InvalidArgument("a state variable is passed twice");
+    }
+    for (auto* variable : order) {
+      if (exclusive_) {
+        variable->mu()->lock();
+      } else {
+        variable->mu()->lock_shared();
+      }
+      locked_.push_back(variable);
+    }
+    buffers_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      Tensor* tensor = variables_[i]->tensor();
+      const int64_t expected = layout.state_size(i, residual);
+      if (!variables_[i]->is_initialized || tensor->dtype() != tensorflow::DT_FLOAT ||
+          tensor->NumElements() != expected) {
+        const PowersgdTensor& t = layout.tensor(i);
+        return tensorflow::errors::InvalidArgument(
+            "state variable ", i, " must be an initialized float32 variable of ", expected,
+            " elements (", residual ? t.size : 0, " of residual, then Q: ", t.cols, " x ", t.rank,
+            "), got ", tensorflow::DataTypeString(tensor->dtype()), " ",
+            tensor->shape().DebugString());
+      }
+      if (exclusive_ && !variables_[i]->copy_on_read_mode.load() && !tensor->RefCountIsOne()) {
+        Tensor copy;
+        TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensor->shape(), &copy));
+        memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+        *tensor = copy;
+      }
+      buffers_[i] = tensor->flat<float>().data();
+    }
+    return tensorflow::OkStatus();
+  }
+
+  ~LockedPowersgdState() {
+    for (auto* variable : locked_) {
+      if (exclusive_) {
+        variable->mu()->unlock();
+      } else {
+        variable->mu()->unlock_shared();
+      }
+    }
+  }
+
+  // Tensor i's state; nullptr when the group keeps none.
+  float* buffer(int64_t i) const { return buffers_.empty() ? nullptr : buffers_[i]; }
+
+ private:
+  bool exclusive_ = false;
+  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;
+  std::vector<tensorflow::Var*> locked_;
+  std::vector<float*> buffers_;
+};
+
+// The layout from the `shapes` attribute of the Q and Finish ops.
+Status LayoutFromShapesAttr(OpKernelConstruction* context, int64_t rank,
+                            std::vector<TensorShape>* shapes,
+                            std::unique_ptr<PowersgdGroupLayout>* layout) {
+  std::vector<tensorflow::PartialTensorShape> partial;
+  TF_RETURN_IF_ERROR(context->GetAttr("shapes", &partial));
+  std::vector<std::vector<int64_t>> dims;
+  for (const auto& shape : partial) {
+    TensorShape full;
+    if (!shape.AsTensorShape(&full)) {
+      return tensorflow::errors::InvalidArgument("shapes must be fully defined, got ",
+                                                 shape.DebugString());
+    }
+    shapes->push_back(full);
+    const auto sizes = full.dim_sizes();
+    dims.emplace_back(sizes.begin(), sizes.end());
+  }
+  layout->reset(new PowersgdGroupLayout(dims, rank));
+  return tensorflow::OkStatus();
+}
+
+Status CheckFlat(const Tensor& tensor, const char* name, int64_t expected) {
+  if (tensor.dims() != 1 || tensor.NumElements() != expected) {
+    return tensorflow::errors::InvalidArgument(name, " must be a vector of ", expected,
+                                               " floats for this group, got shape ",
+                                               tensor.shape().DebugString());
+  }
+  return tensorflow::OkStatus();
+}
+
+class PowersgdGroupPOp : public OpKernel {
+ public:
+  explicit PowersgdGroupPOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
+    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
   }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& input = context->input(0);
-    OP_REQUIRES(context, input.dims() == 1,
-                tensorflow::errors::InvalidArgument("input must be 1-D"));
-    const int64_t n = input.dim_size(0);
-    OP_REQUIRES(context, n <= rows_ * cols_,
-                tensorflow::errors::InvalidArgument(n, " values do not fit a ", rows_, " x ",
-                                                    cols_, " matrix"));
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows_, cols_}), &output));
-    PowersgdPadReshapeFunctor<Device>()(context, input.flat<float>().data(), n, rows_ * cols_,
-                                        output->flat<float>().data());
+    tensorflow::OpInputList gradients;
+    OP_REQUIRES_OK(context, context->input_list("gradients", &gradients));
+    std::vector<std::vector<int64_t>> dims;
+    for (const Tensor& g : gradients) {
+      const auto sizes = g.shape().dim_sizes();
+      dims.emplace_back(sizes.begin(), sizes.end());
+    }
+    const PowersgdGroupLayout layout(dims, rank_);
+    LockedPowersgdState state;
+    OP_REQUIRES_OK(context, state.Acquire(context, layout, residual_, /*exclusive=*/false));
+
+    Tensor* p_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({layout.p_payload_size()}),
+                                                     &p_tensor));
+    Tensor* m_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                1, TensorShape({layout.compensated_size()}), &m_tensor));
+    float* p = p_tensor->flat<float>().data();
+    float* m = m_tensor->flat<float>().data();
+
+    // M = g (+ e) over elements [begin, end) of tensor i.
+    auto compensate = [&](int64_t i, int64_t begin, int64_t end) {
+      float* out = m + layout.tensor(i).m_offset;
+      const float* e = residual_ ? state.buffer(i) : nullptr;
+      DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        const T* g = static_cast<const T*>(gradients[i].data());
+        if (e != nullptr) {
+          for (int64_t j = begin; j < end; ++j) out[j] = static_cast<float>(g[j]) + e[j];
+        } else {
+          for (int64_t j = begin; j < end; ++j) out[j] = static_cast<float>(g[j]);
+        }
+      });
+    };
+
+    // Low-rank tensors, by blocks of rows: the block of M, then its rows of
+    // P_i = M_i Q_i while the block is still in cache.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 2 * rank_ + 3,
+                 [&](const Chunk& c) {
+                   const PowersgdTensor& t = layout.tensor(c.tensor);
+                   compensate(c.tensor, c.begin * t.cols, c.end * t.cols);
+                   const float* q = state.buffer(c.tensor) +
+                                    layout.q_state_offset(c.tensor, residual_);
+                   const int64_t rows = c.end - c.begin;
+                   MatrixMap(p + t.p_offset + c.begin * t.rank, rows, t.rank).noalias() =
+                       ConstMatrixMap(m + t.m_offset + c.begin * t.cols, rows, t.cols) *
+                       ConstMatrixMap(q, t.cols, t.rank);
+                 });
+
+    // The other tensors go into the payload as they are.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kElements), 4, [&](const Chunk& c) {
+      const PowersgdTensor& t = layout.tensor(c.tensor);
+      if (t.low_rank) return;
+      compensate(c.tensor, c.begin, c.end);
+      std::memcpy(p + t.p_offset + c.begin, m + t.m_offset + c.begin,
+                  sizeof(float) * (c.end - c.begin));
+    });
   }
 
  private:
-  int64_t rows_;
-  int64_t cols_;
+  int64_t rank_ = 1;
+  bool residual_ = false;
 };
 
-template <typename Device>
-class PowersgdOrthonormalizeOp : public OpKernel {
+class PowersgdGroupQOp : public OpKernel {
  public:
-  explicit PowersgdOrthonormalizeOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit PowersgdGroupQOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
+    std::vector<TensorShape> shapes;
+    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes, &layout_));
+  }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& input = context->input(0);
-    OP_REQUIRES(context, input.dims() == 2,
-                tensorflow::errors::InvalidArgument("matrix must be 2-D"));
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, input.shape(), &output));
-    PowersgdOrthonormalizeFunctor<Device>()(context, input.flat<float>().data(),
-                                            input.dim_size(0), input.dim_size(1),
-                                            output->flat<float>().data());
+    const PowersgdGroupLayout& layout = *layout_;
+    const Tensor& p_mean = context->input(0);
+    const Tensor& compensated = context->input(1);
+    OP_REQUIRES_OK(context, CheckFlat(p_mean, "p_mean", layout.p_payload_size()));
+    OP_REQUIRES_OK(context, CheckFlat(compensated, "compensated", layout.compensated_size()));
+    Tensor* p_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, p_mean.shape(), &p_tensor));
+    Tensor* q_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({layout.q_payload_size()}),
+                                                     &q_tensor));
+    float* p = p_tensor->flat<float>().data();
+    float* q = q_tensor->flat<float>().data();
+    const float* m = compensated.flat<float>().data();
+    if (layout.p_payload_size() > 0) {
+      std::memcpy(p, p_mean.flat<float>().data(), sizeof(float) * layout.p_payload_size());
+    }
+
+    ForEachBlock(context, layout.num_tensors(), 64 * kChunkElements, [&](int64_t i) {
+      const PowersgdTensor& t = layout.tensor(i);
+      if (t.low_rank) Orthonormalize(p + t.p_offset, t.rows, t.rank);
+    });
+
+    // Qlocal_i = M_i^T P_i, by blocks of columns.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kColumns), 2 * rank_,
+                 [&](const Chunk& c) {
+                   const PowersgdTensor& t = layout.tensor(c.tensor);
+                   const int64_t cols = c.end - c.begin;
+                   MatrixMap(q + t.q_offset + c.begin * t.rank, cols, t.rank).noalias() =
+                       ConstColumnsMap(m + t.m_offset + c.begin, t.rows, cols,
+                                       Eigen::OuterStride<>(t.cols))
+                           .transpose() *
+                       ConstMatrixMap(p + t.p_offset, t.rows, t.rank);
+                 });
   }
+
+ private:
+  int64_t rank_ = 1;
+  std::unique_ptr<PowersgdGroupLayout> layout_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdPadReshape").Device(tensorflow::DEVICE_CPU),
-                        PowersgdPadReshapeOp<CPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdOrthonormalize").Device(tensorflow::DEVICE_CPU),
-                        PowersgdOrthonormalizeOp<CPUDevice>);
+class PowersgdGroupFinishOp : public OpKernel {
+ public:
+  explicit PowersgdGroupFinishOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
+    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
+    OP_REQUIRES_OK(context, context->GetAttr("T", &dtypes_));
+    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes_, &layout_));
+    OP_REQUIRES(context, shapes_.size() == dtypes_.size(),
+                tensorflow::errors::InvalidArgument("shapes and T must have the same length, got ",
+                                                    shapes_.size(), " and ", dtypes_.size()));
+  }
 
-#if GOOGLE_CUDA
-using GPUDevice = Eigen::GpuDevice;
-// Specialised in powersgd_op_gpu.cu.cc.
-template <>
-void PowersgdPadReshapeFunctor<GPUDevice>::operator()(OpKernelContext* context,
-                                                      const float* input, int64_t n,
-                                                      int64_t total, float* output);
-template <>
-void PowersgdOrthonormalizeFunctor<GPUDevice>::operator()(OpKernelContext* context,
-                                                          const float* input, int64_t rows,
-                                                          int64_t rank, float* output);
-REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdPadReshape").Device(tensorflow::DEVICE_GPU),
-                        PowersgdPadReshapeOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdOrthonormalize").Device(tensorflow::DEVICE_GPU),
-                        PowersgdOrthonormalizeOp<GPUDevice>);
-#endif  // GOOGLE_CUDA
+  void Compute(OpKernelContext* context) override {
+    const PowersgdGroupLayout& layout = *layout_;
+    const Tensor& p_tensor = context->input(0);
+    const Tensor& q_local_tensor = context->input(1);
+    const Tensor& q_mean_tensor = context->input(2);
+    const Tensor& m_tensor = context->input(3);
+    OP_REQUIRES_OK(context, CheckFlat(p_tensor, "p_orthonormal", layout.p_payload_size()));
+    OP_REQUIRES_OK(context, CheckFlat(q_local_tensor, "q_local", layout.q_payload_size()));
+    OP_REQUIRES_OK(context, CheckFlat(q_mean_tensor, "q_mean", layout.q_payload_size()));
+    OP_REQUIRES_OK(context, CheckFlat(m_tensor, "compensated", layout.compensated_size()));
+    LockedPowersgdState state;
+    OP_REQUIRES_OK(context, state.Acquire(context, layout, residual_, /*exclusive=*/true));
+    tensorflow::OpOutputList outputs;
+    OP_REQUIRES_OK(context, context->output_list("gradients", &outputs));
+    std::vector<Tensor*> out(shapes_.size());
+    for (size_t i = 0; i < shapes_.size(); ++i) {
+      OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &out[i]));
+    }
+    const float* p = p_tensor.flat<float>().data();
+    const float* q_local = q_local_tensor.flat<float>().data();
+    const float* q_mean = q_mean_tensor.flat<float>().data();
+    const float* m = m_tensor.flat<float>().data();
+
+    // Low-rank tensors, by blocks of rows: out = P Qmean^T, e = M - P Qlocal^T.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 4 * rank_, [&](const Chunk& c) {
+      const int64_t i = c.tensor;
+      const PowersgdTensor& t = layout.tensor(i);
+      const int64_t rows = c.end - c.begin;
+      const ConstMatrixMap p_block(p + t.p_offset + c.begin * t.rank, rows, t.rank);
+      if (dtypes_[i] == tensorflow::DT_FLOAT) {
+        MatrixMap(out[i]->flat<float>().data() + c.begin * t.cols, rows, t.cols).noalias() =
+            p_block * ConstMatrixMap(q_mean + t.q_offset, t.cols, t.rank).transpose();
+      } else {
+        MatrixMap product(ThreadScratch(rows * t.cols), rows, t.cols);
+        product.noalias() = p_block * ConstMatrixMap(q_mean + t.q_offset, t.cols, t.rank).transpose();
+        DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+          using T = decltype(type_tag);
+          T* target = static_cast<T*>(out[i]->data()) + c.begin * t.cols;
+          const float* source = product.data();
+          for (int64_t j = 0; j < rows * t.cols; ++j) target[j] = static_cast<T>(source[j]);
+        });
+      }
+      if (residual_) {
+        // What this worker sent, in cache, then e = M - sent.
+        MatrixMap sent(ThreadScratch(rows * t.cols), rows, t.cols);
+        sent.noalias() = p_block * ConstMatrixMap(q_local + t.q_offset, t.cols, t.rank).transpose();
+        MatrixMap(state.buffer(i) + c.begin * t.cols, rows, t.cols) =
+            ConstMatrixMap(m + t.m_offset + c.begin * t.cols, rows, t.cols) - sent;
+      }
+    });
+
+    // The other tensors: the averaged values; what was sent is M itself.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kElements), 2, [&](const Chunk& c) {
+      const int64_t i = c.tensor;
+      const PowersgdTensor& t = layout.tensor(i);
+      if (t.low_rank) return;
+      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* target = static_cast<T*>(out[i]->data());
+        for (int64_t j = c.begin; j < c.end; ++j) target[j] = static_cast<T>(p[t.p_offset + j]);
+      });
+      if (residual_) {
+        float* e = state.buffer(i);
+        const float* values = m + t.m_offset;
+        for (int64_t j = c.begin; j < c.end; ++j) e[j] = values[j] - values[j];
+      }
+    });
+
+    // Warm start: the averaged Q is next step's Q.
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      const PowersgdTensor& t = layout.tensor(i);
+      if (!t.low_rank) continue;
+      std::memcpy(state.buffer(i) + layout.q_state_offset(i, residual_), q_mean + t.q_offset,
+                  sizeof(float) * t.cols * t.rank);
+    }
+  }
+
+ private:
+  int64_t rank_ = 1;
+  bool residual_ = false;
+  tensorflow::DataTypeVector dtypes_;
+  std::vector<TensorShape> shapes_;
+  std::unique_ptr<PowersgdGroupLayout> layout_;
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdGroupP").Device(tensorflow::DEVICE_CPU),
+                        PowersgdGroupPOp);
+REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdGroupQ").Device(tensorflow::DEVICE_CPU),
+                        PowersgdGroupQOp);
+REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdGroupFinish").Device(tensorflow::DEVICE_CPU),
+                        PowersgdGroupFinishOp);
 
 }  // namespace tf_mergecomp

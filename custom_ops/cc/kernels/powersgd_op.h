@@ -1,33 +1,105 @@
-// PowerSGD's helpers: functors shared by the CPU and CUDA kernels.
+// PowerSGD over a merged group, one low-rank matrix per tensor (Vogels,
+// Karimireddy & Jaggi 2019; tf_mergecomp/compressors/powersgd.py has the
+// algorithm). Three CPU kernels surround the group's two allreduces:
 //
-// PadReshape: a flat buffer of n values as a rows x cols row-major matrix,
-// zero-padded after the n-th value (rows * cols >= n).
-// Orthonormalize: Gram-Schmidt on the r columns of a rows x r row-major
-// matrix, run twice ("twice is enough") for stability at r up to 4 and
-// beyond; sums of squares and dot products accumulate in double. A column
-// whose norm after projection is below kPowersgdMinNorm becomes zero, so a
-// rank-deficient (or all-zero) P stays finite instead of dividing by ~0.
+//   MergecompPowersgdGroupP       M_i = g_i (+ e_i); P_i = M_i Q_i
+//                                 -> the P payload, and M as a flat scratch buffer
+//   (allreduce-mean of the P payload)
+//   MergecompPowersgdGroupQ       P_i <- orthonormalise(P_i); Qlocal_i = M_i^T P_i
+//   (allreduce-mean of the Q payload)
+//   MergecompPowersgdGroupFinish  out_i = P_i Qmean_i^T; Q_i <- Qmean_i;
+//                                 e_i <- M_i - P_i Qlocal_i^T
+//
+// Tensor i of rank >= 2 with n_i > 0 is the rows_i x cols_i row-major matrix
+// with cols_i = its last dimension (TensorFlow's kernel layouts put output
+// channels last) and effective rank r_i = min(rank, rows_i, cols_i). Other
+// tensors (rank <= 1, or empty) are sent as they are.
+//
+// Buffers (float32, tensors in group order):
+//   compensated  M_0 .. M_{k-1} (n_i each);
+//   P payload    P_i (rows_i x r_i) of every low-rank tensor, then the raw
+//                values of every other tensor;
+//   Q payload    Q_i (cols_i x r_i) of every low-rank tensor;
+//   state i      one resource variable per tensor: [e_i (n_i, only with the
+//                residual memory), Q_i (cols_i x r_i, only if low-rank)].
 #ifndef TF_MERGECOMP_POWERSGD_OP_H_
 #define TF_MERGECOMP_POWERSGD_OP_H_
 
+#include <algorithm>
 #include <cstdint>
-
-#include "tensorflow/core/framework/op_kernel.h"
+#include <vector>
 
 namespace tf_mergecomp {
 
+// Gram-Schmidt leaves a column whose norm after projection is below this at
+// zero, so a rank-deficient (or all-zero) P stays finite.
 constexpr double kPowersgdMinNorm = 1e-30;
 
-template <typename Device>
-struct PowersgdPadReshapeFunctor {
-  void operator()(tensorflow::OpKernelContext* context, const float* input, int64_t n,
-                  int64_t total, float* output);
+struct PowersgdTensor {
+  int64_t size = 0;        // n_i
+  bool low_rank = false;   // compressed as a matrix
+  int64_t rows = 0;        // the matrix view and its effective rank; 0 when not low-rank
+  int64_t cols = 0;
+  int64_t rank = 0;
+  int64_t m_offset = 0;    // in the compensated buffer
+  int64_t p_offset = 0;    // in the P payload: P_i, or the raw values
+  int64_t q_offset = 0;    // in the Q payload
 };
 
-template <typename Device>
-struct PowersgdOrthonormalizeFunctor {
-  void operator()(tensorflow::OpKernelContext* context, const float* input, int64_t rows,
-                  int64_t rank, float* output);
+class PowersgdGroupLayout {
+ public:
+  // dims: every tensor's dimensions (fully known); rank: the requested rank.
+  PowersgdGroupLayout(const std::vector<std::vector<int64_t>>& dims, int64_t rank) {
+    tensors_.resize(dims.size());
+    for (size_t i = 0; i < dims.size(); ++i) {
+      PowersgdTensor& t = tensors_[i];
+      t.size = 1;
+      for (int64_t d : dims[i]) t.size *= d;
+      t.low_rank = dims[i].size() >= 2 && t.size > 0;
+      if (t.low_rank) {
+        t.cols = dims[i].back();
+        t.rows = t.size / t.cols;
+        t.rank = std::min(rank, std::min(t.rows, t.cols));
+      }
+      t.m_offset = compensated_size_;
+      compensated_size_ += t.size;
+      if (t.low_rank) {
+        t.p_offset = p_size_;
+        p_size_ += t.rows * t.rank;
+        t.q_offset = q_size_;
+        q_size_ += t.cols * t.rank;
+      }
+    }
+    // Uncompressed values follow every P_i.
+    p_size_with_values_ = p_size_;
+    for (PowersgdTensor& t : tensors_) {
+      if (t.low_rank) continue;
+      t.p_offset = p_size_with_values_;
+      p_size_with_values_ += t.size;
+    }
+  }
+
+  int64_t num_tensors() const { return static_cast<int64_t>(tensors_.size()); }
+  const PowersgdTensor& tensor(int64_t i) const { return tensors_[i]; }
+  int64_t compensated_size() const { return compensated_size_; }
+  int64_t p_payload_size() const { return p_size_with_values_; }
+  int64_t q_payload_size() const { return q_size_; }
+
+  // Floats of tensor i's state variable, and where its Q starts in it.
+  int64_t state_size(int64_t i, bool residual) const {
+    const PowersgdTensor& t = tensors_[i];
+    return q_state_offset(i, residual) + t.cols * t.rank;
+  }
+  int64_t q_state_offset(int64_t i, bool residual) const {
+    return residual ? tensors_[i].size : 0;
+  }
+
+ private:
+  std::vector<PowersgdTensor> tensors_;
+  int64_t compensated_size_ = 0;
+  int64_t p_size_ = 0;
+  int64_t p_size_with_values_ = 0;
+  int64_t q_size_ = 0;
 };
 
 }  // namespace tf_mergecomp

@@ -80,14 +80,26 @@ class RandomkGroupCodec : public GroupCodec {
     for (int64_t k : params.tensor_k) slots += k;
     return slots;
   }
-  Status Encode(OpKernelContext* context, const BlockInput& block_input, const GroupLayout& layout,
+  bool SendsEntries() const override { return true; }
+
+  void ForEachSent(const uint8_t* payload, const int32_t* positions, const GroupLayout& layout,
+                   const GroupCodecParams& params,
+                   const std::function<void(int64_t, float)>& sent) const override {
+    const float* values = reinterpret_cast<const float*>(payload);
+    int64_t slot = 0;
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      const float scale = Scale(layout, params, i);
+      for (int64_t end = slot + params.tensor_k[i]; slot < end; ++slot) {
+        sent(positions[slot], params.scale ? values[slot] * scale : values[slot]);
+      }
+    }
+  }
+
+  Status Encode(OpKernelContext* context, const BlockInput& compensated, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t seed, uint8_t* payload,
                 int32_t* positions) const override {
     TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
-    const float* input;
-    Tensor storage;
-    TF_RETURN_IF_ERROR(
-        ContiguousInputData(context, block_input, layout.total(), &storage, &input));
+    const float* input = compensated.Contiguous();
     float* values = reinterpret_cast<float*>(payload);
     int64_t slot = 0;
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
@@ -101,6 +113,7 @@ class RandomkGroupCodec : public GroupCodec {
     }
     return tensorflow::OkStatus();
   }
+
   Status Decode(OpKernelContext* context, const uint8_t* rows, int64_t, const int32_t* positions,
                 const GroupLayout& layout, const GroupCodecParams& params,
                 const BlockOutput& block_output) const override {
@@ -116,16 +129,19 @@ class RandomkGroupCodec : public GroupCodec {
     std::fill(output, output + layout.total(), 0.0f);
     int64_t slot = 0;
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
-      const int64_t k = params.tensor_k[i];
-      // scale: the unbiased n_i / k_i, rounded to float32 once.
-      const float scale = params.scale && k > 0
-                              ? static_cast<float>(static_cast<double>(layout.size(i)) / k)
-                              : 1.0f;
-      for (int64_t end = slot + k; slot < end; ++slot) {
+      const float scale = Scale(layout, params, i);
+      for (int64_t end = slot + params.tensor_k[i]; slot < end; ++slot) {
         output[positions[slot]] = params.scale ? values[slot] * scale : values[slot];
       }
     }
     return tensorflow::OkStatus();
+  }
+
+  // scale=True: the unbiased n_i / k_i, rounded to float32 once.
+  static float Scale(const GroupLayout& layout, const GroupCodecParams& params, int64_t i) {
+    const int64_t k = params.tensor_k[i];
+    return params.scale && k > 0 ? static_cast<float>(static_cast<double>(layout.size(i)) / k)
+                                 : 1.0f;
   }
 
   static Status CheckTensorK(const GroupLayout& layout, const GroupCodecParams& params) {

@@ -140,14 +140,20 @@ Status SparseGroupCodec::Decode(OpKernelContext* context, const uint8_t* rows, i
   });
 }
 
+void SparseGroupCodec::ForEachSent(const uint8_t* payload, const int32_t*, const GroupLayout&,
+                                   const GroupCodecParams& params,
+                                   const std::function<void(int64_t, float)>& sent) const {
+  const float* values = reinterpret_cast<const float*>(payload);
+  const int32_t* indices = reinterpret_cast<const int32_t*>(payload + 4 * params.k);
+  for (int64_t slot = 0; slot < params.k; ++slot) sent(indices[slot], values[slot]);
+}
+
 class TopkGroupCodec : public SparseGroupCodec {
  public:
   Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t, uint8_t* payload,
                 int32_t*) const override {
-    const float* values;
-    Tensor storage;
-    TF_RETURN_IF_ERROR(ContiguousInputData(context, input, layout.total(), &storage, &values));
+    const float* values = input.Contiguous();
     return TopkEncodeFunctor<CPUDevice>()(context, values, layout.total(), params.k, payload);
   }
 };

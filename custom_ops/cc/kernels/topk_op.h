@@ -39,6 +39,10 @@ class SparseGroupCodec : public GroupCodec {
                             int64_t num_rows, const int32_t*, const GroupLayout& layout,
                             const GroupCodecParams& params,
                             const BlockOutput& output) const override;
+  bool SendsEntries() const override { return true; }
+  void ForEachSent(const uint8_t* payload, const int32_t*, const GroupLayout&,
+                   const GroupCodecParams& params,
+                   const std::function<void(int64_t, float)>& sent) const override;
 };
 
 // Runs fn(b) for b in [0, num_blocks) on TensorFlow's intra-op pool.
