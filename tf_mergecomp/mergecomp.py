@@ -316,7 +316,10 @@ class MergeComp(tf.Module):
         codec = self.compressor
         codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
         if self._state is None and (names or any(codec_sizes)):
-            with tf.init_scope():
+            # The group kernels are CPU kernels: their state lives in host
+            # memory also on GPU hosts, where TensorFlow then runs the group
+            # ops on the CPU and copies the gradients.
+            with tf.init_scope(), tf.device("/device:CPU:0"):
                 self._state = []
                 for i, (shape, size) in enumerate(zip(self._layout.shapes, self._layout.sizes)):
                     initial = [tf.zeros([len(names) * size], tf.float32)]
