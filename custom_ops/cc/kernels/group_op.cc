@@ -7,11 +7,9 @@
 #include <map>
 
 #include "cc/kernels/dense_cpu.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
+#include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
-#include "tensorflow/core/platform/mutex.h"
 
 namespace tf_mergecomp {
 
@@ -75,18 +73,6 @@ void CopyFromContiguous(OpKernelContext* context, const float* data, int64_t n,
 }
 
 namespace {
-
-// Calls fn(T()) with T the C++ type of a float dtype.
-template <typename Fn>
-void DispatchFloatType(DataType dtype, const Fn& fn) {
-  switch (dtype) {
-    case tensorflow::DT_HALF: return fn(Eigen::half());
-    case tensorflow::DT_BFLOAT16: return fn(Eigen::bfloat16());
-    case tensorflow::DT_FLOAT: return fn(float());
-    case tensorflow::DT_DOUBLE: return fn(double());
-    default: return;  // the ops' type constraints admit no other dtype
-  }
-}
 
 // Runs fn(tensor, begin, end) over every tensor part of the group's flat
 // space, in blocks sharded over the intra-op pool.
@@ -172,66 +158,6 @@ const float* CompensatedInState(Memory memory, const Tensor& gradient, float* st
   return nullptr;
 }
 
-// The state variables of a group, locked for the kernel's duration in
-// address order (so two kernels sharing variables cannot deadlock), each with
-// a buffer of its own to update in place: a buffer still shared with a
-// tensor that read the variable earlier is copied first, as TensorFlow's
-// fused optimizer kernels do.
-class LockedState {
- public:
-  Status Acquire(OpKernelContext* context, int first_input, int count,
-                 const GroupLayout& layout, int buffers) {
-    variables_.resize(count);
-    for (int i = 0; i < count; ++i) {
-      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
-          context, tensorflow::HandleFromInput(context, first_input + i), &variables_[i]));
-    }
-    std::vector<tensorflow::Var*> order;
-    for (auto& variable : variables_) order.push_back(variable.get());
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    if (order.size() != variables_.size()) {
-      return tensorflow::errors::InvalidArgument("a state variable is passed twice");
-    }
-    for (auto* variable : order) {
-      variable->mu()->lock();
-      locked_.push_back(variable);
-    }
-    buffers_.resize(count);
-    for (int i = 0; i < count; ++i) {
-      Tensor* tensor = variables_[i]->tensor();
-      const int64_t expected = buffers * layout.size(i);
-      if (!variables_[i]->is_initialized || tensor->dtype() != tensorflow::DT_FLOAT ||
-          tensor->NumElements() != expected) {
-        return tensorflow::errors::InvalidArgument(
-            "state variable ", i, " must be an initialized float32 variable of ", expected,
-            " elements (", buffers, " buffer(s) of the tensor's ", layout.size(i),
-            "), got ", tensorflow::DataTypeString(tensor->dtype()), " ",
-            tensor->shape().DebugString());
-      }
-      if (!variables_[i]->copy_on_read_mode.load() && !tensor->RefCountIsOne()) {
-        Tensor copy;
-        TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensor->shape(), &copy));
-        memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
-        *tensor = copy;
-      }
-      buffers_[i] = tensor->flat<float>().data();
-    }
-    return tensorflow::OkStatus();
-  }
-
-  ~LockedState() {
-    for (auto* variable : locked_) variable->mu()->unlock();
-  }
-
-  float* buffer(int64_t i) const { return buffers_.empty() ? nullptr : buffers_[i]; }
-
- private:
-  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;
-  std::vector<tensorflow::Var*> locked_;
-  std::vector<float*> buffers_;
-};
-
 // The compensated group p of the dense codecs, block by block: g (memory
 // none), g + e (residual, computed as it is read, the state being updated
 // after the encode), or the state that the compensation writes (momentum: m;
@@ -242,7 +168,7 @@ class LockedState {
 class CompensatedInput : public BlockInput {
  public:
   CompensatedInput(const GroupLayout& layout, const tensorflow::OpInputList& gradients,
-                   Memory memory, float decay, float gradient_scale, const LockedState& state)
+                   Memory memory, float decay, float gradient_scale, const LockedStateVariables& state)
       : layout_(layout), gradients_(gradients), memory_(memory), decay_(decay),
         gradient_scale_(gradient_scale), state_(state),
         compensated_(NumBlocks(layout.total()), WritesState() ? 0 : 1) {}
@@ -306,7 +232,7 @@ class CompensatedInput : public BlockInput {
   Memory memory_;
   float decay_;
   float gradient_scale_;
-  const LockedState& state_;
+  const LockedStateVariables& state_;
   mutable std::vector<char> compensated_;
 };
 
@@ -316,7 +242,7 @@ class CompensatedInput : public BlockInput {
 class StateUpdateOutput : public BlockOutput {
  public:
   StateUpdateOutput(const GroupLayout& layout, const BlockInput& compensated, Memory memory,
-                    const LockedState& state)
+                    const LockedStateVariables& state)
       : layout_(layout), compensated_(compensated), memory_(memory), state_(state) {}
 
   float* Begin(int64_t, int64_t) const override { return ThreadBlockBuffer(1); }
@@ -345,7 +271,7 @@ class StateUpdateOutput : public BlockOutput {
   const GroupLayout& layout_;
   const BlockInput& compensated_;
   Memory memory_;
-  const LockedState& state_;
+  const LockedStateVariables& state_;
 };
 
 // The decoded group written into the op's per-tensor outputs: in place for a
@@ -411,16 +337,14 @@ class GroupEncodeOp : public OpKernel {
                 tensorflow::errors::InvalidArgument("seed must be a scalar"));
     const int64_t seed = seed_tensor.scalar<int64_t>()();
 
-    int state_begin, state_end;
-    OP_REQUIRES_OK(context, InputRange("state", &state_begin, &state_end));
-    const int expected_state = memory_ == Memory::kNone ? 0 : gradients.size();
-    OP_REQUIRES(context, state_end - state_begin == expected_state,
-                tensorflow::errors::InvalidArgument(
-                    "this memory needs ", expected_state, " state variables (one per tensor), got ",
-                    state_end - state_begin));
-    LockedState state;
-    OP_REQUIRES_OK(context, state.Acquire(context, state_begin, state_end - state_begin, layout,
-                                          StateBuffers(memory_)));
+    std::vector<int64_t> state_sizes;
+    for (int64_t i = 0; memory_ != Memory::kNone && i < layout.num_tensors(); ++i) {
+      state_sizes.push_back(StateBuffers(memory_) * layout.size(i));
+    }
+    LockedStateVariables state;
+    OP_REQUIRES_OK(context, state.Acquire(context, state_sizes,
+                                          "the memory's buffers of the tensor, back to back",
+                                          /*exclusive=*/true));
 
     const int64_t payload_bytes = codec_->PayloadBytes(layout, params_);
     Tensor* payload_tensor = nullptr;
@@ -456,7 +380,7 @@ class GroupEncodeOp : public OpKernel {
   // then corrected at the sent entries only (e <- p - sent; dgc: v <- p -
   // sent, u masked where something non-zero was sent).
   Status EncodeEntries(OpKernelContext* context, const GroupLayout& layout,
-                       const tensorflow::OpInputList& gradients, const LockedState& state,
+                       const tensorflow::OpInputList& gradients, const LockedStateVariables& state,
                        int64_t seed, uint8_t* payload, int32_t* codec_context) const {
     const float* group = nullptr;
     Tensor storage;

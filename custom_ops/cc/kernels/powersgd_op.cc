@@ -18,9 +18,8 @@
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
@@ -101,18 +100,6 @@ float* ThreadScratch(int64_t size) {
   return scratch.data();
 }
 
-// Calls fn(T()) with T the C++ type of a float dtype.
-template <typename Fn>
-void DispatchFloatType(DataType dtype, const Fn& fn) {
-  switch (dtype) {
-    case tensorflow::DT_HALF: return fn(Eigen::half());
-    case tensorflow::DT_BFLOAT16: return fn(Eigen::bfloat16());
-    case tensorflow::DT_FLOAT: return fn(float());
-    case tensorflow::DT_DOUBLE: return fn(double());
-    default: return;  // the ops' type constraints admit no other dtype
-  }
-}
-
 // Gram-Schmidt, applied twice ("twice is enough"), on the r columns of a
 // rows x r row-major matrix, in place. Dot products and norms accumulate in
 // double; a column whose norm is below kPowersgdMinNorm (or NaN) becomes
@@ -139,90 +126,23 @@ void Orthonormalize(float* p, int64_t rows, int64_t rank) {
   }
 }
 
-// The group's state variables (powersgd_op.h), locked for the kernel's
-// duration in address order so that two kernels sharing variables cannot
-// deadlock. With `exclusive`, each variable gets a buffer of its own to update
-// in place: one still shared with a tensor that read the variable earlier is
-// copied first, as TensorFlow's fused optimizer kernels do.
-class LockedPowersgdState {
- public:
-  Status Acquire(OpKernelContext* context, const PowersgdGroupLayout& layout, bool residual,
-                 bool exclusive) {
-    exclusive_ = exclusive;
-    int first, end;
-    TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
-    const int count = end - first;
-    int64_t total = 0;
-    for (int64_t i = 0; i < layout.num_tensors(); ++i) total += layout.state_size(i, residual);
-    if (count == 0 && total == 0) return tensorflow::OkStatus();
-    if (count != layout.num_tensors()) {
-      return tensorflow::errors::InvalidArgument(
-          "PowerSGD needs one state variable per tensor (", layout.num_tensors(), "), got ",
-          count);
-    }
-    variables_.resize(count);
-    for (int i = 0; i < count; ++i) {
-      TF_RETURN_IF_ERROR(tensorflow::LookupResource(
-          context, tensorflow::HandleFromInput(context, first + i), &variables_[i]));
-    }
-    std::vector<tensorflow::Var*> order;
-    for (auto& variable : variables_) order.push_back(variable.get());
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    if (order.size() != variables_.size()) {
-      return tensorflow::errors::InvalidArgument("a state variable is passed twice");
-    }
-    for (auto* variable : order) {
-      if (exclusive_) {
-        variable->mu()->lock();
-      } else {
-        variable->mu()->lock_shared();
-      }
-      locked_.push_back(variable);
-    }
-    buffers_.resize(count);
-    for (int i = 0; i < count; ++i) {
-      Tensor* tensor = variables_[i]->tensor();
-      const int64_t expected = layout.state_size(i, residual);
-      if (!variables_[i]->is_initialized || tensor->dtype() != tensorflow::DT_FLOAT ||
-          tensor->NumElements() != expected) {
-        const PowersgdTensor& t = layout.tensor(i);
-        return tensorflow::errors::InvalidArgument(
-            "state variable ", i, " must be an initialized float32 variable of ", expected,
-            " elements (", residual ? t.size : 0, " of residual, then Q: ", t.cols, " x ", t.rank,
-            "), got ", tensorflow::DataTypeString(tensor->dtype()), " ",
-            tensor->shape().DebugString());
-      }
-      if (exclusive_ && !variables_[i]->copy_on_read_mode.load() && !tensor->RefCountIsOne()) {
-        Tensor copy;
-        TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensor->shape(), &copy));
-        memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
-        *tensor = copy;
-      }
-      buffers_[i] = tensor->flat<float>().data();
-    }
-    return tensorflow::OkStatus();
+// Locks the group's state variables (powersgd_op.h's layout); the engine
+// may pass none when no tensor of the group keeps anything.
+Status AcquireState(OpKernelContext* context, const PowersgdGroupLayout& layout, bool residual,
+                    bool exclusive, LockedStateVariables* state) {
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+    sizes.push_back(layout.state_size(i, residual));
+    total += sizes.back();
   }
-
-  ~LockedPowersgdState() {
-    for (auto* variable : locked_) {
-      if (exclusive_) {
-        variable->mu()->unlock();
-      } else {
-        variable->mu()->unlock_shared();
-      }
-    }
-  }
-
-  // Tensor i's state; nullptr when the group keeps none.
-  float* buffer(int64_t i) const { return buffers_.empty() ? nullptr : buffers_[i]; }
-
- private:
-  bool exclusive_ = false;
-  std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;
-  std::vector<tensorflow::Var*> locked_;
-  std::vector<float*> buffers_;
-};
+  int first, end;
+  TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
+  if (total == 0 && end == first) sizes.clear();
+  return state->Acquire(context, sizes,
+                        residual ? "the residual, then Q: cols x rank" : "Q: cols x rank",
+                        exclusive);
+}
 
 // The layout from the `shapes` attribute of the Q and Finish ops.
 Status LayoutFromShapesAttr(OpKernelConstruction* context, int64_t rank,
@@ -270,8 +190,8 @@ class PowersgdGroupPOp : public OpKernel {
       dims.emplace_back(sizes.begin(), sizes.end());
     }
     const PowersgdGroupLayout layout(dims, rank_);
-    LockedPowersgdState state;
-    OP_REQUIRES_OK(context, state.Acquire(context, layout, residual_, /*exclusive=*/false));
+    LockedStateVariables state;
+    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/false, &state));
 
     Tensor* p_tensor = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({layout.p_payload_size()}),
@@ -397,8 +317,8 @@ class PowersgdGroupFinishOp : public OpKernel {
     OP_REQUIRES_OK(context, CheckFlat(q_local_tensor, "q_local", layout.q_payload_size()));
     OP_REQUIRES_OK(context, CheckFlat(q_mean_tensor, "q_mean", layout.q_payload_size()));
     OP_REQUIRES_OK(context, CheckFlat(m_tensor, "compensated", layout.compensated_size()));
-    LockedPowersgdState state;
-    OP_REQUIRES_OK(context, state.Acquire(context, layout, residual_, /*exclusive=*/true));
+    LockedStateVariables state;
+    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/true, &state));
     tensorflow::OpOutputList outputs;
     OP_REQUIRES_OK(context, context->output_list("gradients", &outputs));
     std::vector<Tensor*> out(shapes_.size());
