@@ -1,12 +1,12 @@
 // EF-SignSGD CPU kernels: one pass packs the sign bits and sums |x| (in
 // double, per block, blocks combined in order).
 #include "cc/kernels/efsignsgd_op.h"
-#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/dense_register.h"
 
 namespace tf_mergecomp {
 namespace {
@@ -66,27 +66,6 @@ void EfsignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* 
                  minus.data(), n, TwoLevelCombine::kMean, output);
 }
 
-template <>
-void EfsignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                             const float* input, int64_t n, int64_t seed,
-                                             int64_t levels, uint8_t* payload) {
-  EfsignsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
-}
-
-template <>
-void EfsignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                             const uint8_t* payload, int64_t world_size,
-                                             int64_t n, int64_t levels, float* output) {
-  EfsignsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdEncode").Device(tensorflow::DEVICE_CPU),
-                        DenseEncodeOp<EfsignsgdEncodeFunctor<CPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdDecode").Device(tensorflow::DEVICE_CPU),
-                        DenseDecodeOp<EfsignsgdDecodeFunctor<CPUDevice>>);
-
-using EfsignsgdGroupCodec = DenseGroupCodec<EfsignsgdEncodeFunctor<CPUDevice>::PayloadBytes,
-                                        EfsignsgdEncodeBlocks, EfsignsgdDecodeBlocks>;
-REGISTER_GROUP_CODEC("efsignsgd", EfsignsgdGroupCodec);
+MERGECOMP_REGISTER_DENSE_CPU_CODEC(Efsignsgd, "efsignsgd");
 
 }  // namespace tf_mergecomp

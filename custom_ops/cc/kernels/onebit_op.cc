@@ -1,11 +1,11 @@
 // 1-bit SGD CPU kernels: one pass packs the sign bits and sums each side (in
 // double, per block, blocks combined in order).
 #include "cc/kernels/onebit_op.h"
-#include "cc/kernels/group_op.h"
 
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/dense_register.h"
 
 namespace tf_mergecomp {
 namespace {
@@ -109,27 +109,6 @@ void OnebitDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* pay
                  negative.data(), n, TwoLevelCombine::kMean, output);
 }
 
-template <>
-void OnebitEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                          const float* input, int64_t n, int64_t seed,
-                                          int64_t levels, uint8_t* payload) {
-  OnebitEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
-}
-
-template <>
-void OnebitDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                          const uint8_t* payload, int64_t world_size,
-                                          int64_t n, int64_t levels, float* output) {
-  OnebitDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_CPU),
-                        DenseEncodeOp<OnebitEncodeFunctor<CPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompOnebitDecode").Device(tensorflow::DEVICE_CPU),
-                        DenseDecodeOp<OnebitDecodeFunctor<CPUDevice>>);
-
-using OnebitGroupCodec = DenseGroupCodec<OnebitEncodeFunctor<CPUDevice>::PayloadBytes,
-                                        OnebitEncodeBlocks, OnebitDecodeBlocks>;
-REGISTER_GROUP_CODEC("onebit", OnebitGroupCodec);
+MERGECOMP_REGISTER_DENSE_CPU_CODEC(Onebit, "onebit");
 
 }  // namespace tf_mergecomp

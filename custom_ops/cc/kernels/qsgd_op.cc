@@ -3,12 +3,12 @@
 // stochastic levels. Codes of 8 bits (levels 64..127, the default 64) are
 // stored as bytes directly; other widths go through a bit packer.
 #include "cc/kernels/qsgd_op.h"
-#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/dense_register.h"
 
 namespace tf_mergecomp {
 namespace {
@@ -240,27 +240,6 @@ void QsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* paylo
   });
 }
 
-template <>
-void QsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                        const float* input, int64_t n, int64_t seed,
-                                        int64_t levels, uint8_t* payload) {
-  QsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
-}
-
-template <>
-void QsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                        const uint8_t* payload, int64_t world_size,
-                                        int64_t n, int64_t levels, float* output) {
-  QsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_CPU),
-                        DenseEncodeOp<QsgdEncodeFunctor<CPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompQsgdDecode").Device(tensorflow::DEVICE_CPU),
-                        DenseDecodeOp<QsgdDecodeFunctor<CPUDevice>>);
-
-using QsgdGroupCodec = DenseGroupCodec<QsgdEncodeFunctor<CPUDevice>::PayloadBytes,
-                                        QsgdEncodeBlocks, QsgdDecodeBlocks>;
-REGISTER_GROUP_CODEC("qsgd", QsgdGroupCodec);
+MERGECOMP_REGISTER_DENSE_CPU_CODEC(Qsgd, "qsgd");
 
 }  // namespace tf_mergecomp

@@ -1,10 +1,10 @@
 // SignSGD / SIGNUM CPU kernels: sign bits out, majority vote back.
 #include "cc/kernels/signsgd_op.h"
-#include "cc/kernels/group_op.h"
 
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/dense_register.h"
 
 namespace tf_mergecomp {
 
@@ -26,27 +26,6 @@ void SignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* pa
                  TwoLevelCombine::kMajority, output);
 }
 
-template <>
-void SignsgdEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const float* input, int64_t n, int64_t seed,
-                                           int64_t levels, uint8_t* payload) {
-  SignsgdEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
-}
-
-template <>
-void SignsgdDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                           const uint8_t* payload, int64_t world_size,
-                                           int64_t n, int64_t levels, float* output) {
-  SignsgdDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE_CPU),
-                        DenseEncodeOp<SignsgdEncodeFunctor<CPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdDecode").Device(tensorflow::DEVICE_CPU),
-                        DenseDecodeOp<SignsgdDecodeFunctor<CPUDevice>>);
-
-using SignsgdGroupCodec = DenseGroupCodec<SignsgdEncodeFunctor<CPUDevice>::PayloadBytes,
-                                        SignsgdEncodeBlocks, SignsgdDecodeBlocks>;
-REGISTER_GROUP_CODEC("signsgd", SignsgdGroupCodec);
+MERGECOMP_REGISTER_DENSE_CPU_CODEC(Signsgd, "signsgd");
 
 }  // namespace tf_mergecomp

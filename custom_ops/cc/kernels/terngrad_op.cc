@@ -1,13 +1,13 @@
 // TernGrad CPU kernels. Encoding takes two passes: max |x| (per block, NaN
 // tracked separately because max() would drop it), then the Bernoulli draws.
 #include "cc/kernels/terngrad_op.h"
-#include "cc/kernels/group_op.h"
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/dense_register.h"
 
 namespace tf_mergecomp {
 namespace {
@@ -180,27 +180,6 @@ void TerngradDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* p
   });
 }
 
-template <>
-void TerngradEncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                            const float* input, int64_t n, int64_t seed,
-                                            int64_t levels, uint8_t* payload) {
-  TerngradEncodeBlocks(context, ContiguousInput(input), n, seed, levels, payload);
-}
-
-template <>
-void TerngradDecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                            const uint8_t* payload, int64_t world_size,
-                                            int64_t n, int64_t levels, float* output) {
-  TerngradDecodeBlocks(context, payload, world_size, n, levels, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompTerngradEncode").Device(tensorflow::DEVICE_CPU),
-                        DenseEncodeOp<TerngradEncodeFunctor<CPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_CPU),
-                        DenseDecodeOp<TerngradDecodeFunctor<CPUDevice>>);
-
-using TerngradGroupCodec = DenseGroupCodec<TerngradEncodeFunctor<CPUDevice>::PayloadBytes,
-                                        TerngradEncodeBlocks, TerngradDecodeBlocks>;
-REGISTER_GROUP_CODEC("terngrad", TerngradGroupCodec);
+MERGECOMP_REGISTER_DENSE_CPU_CODEC(Terngrad, "terngrad");
 
 }  // namespace tf_mergecomp

@@ -3,6 +3,7 @@
 #define TF_MERGECOMP_DENSE_SHAPES_H_
 
 #include <functional>
+#include <vector>
 
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -25,6 +26,18 @@ inline tensorflow::Status DecodedVectorShape(tensorflow::shape_inference::Infere
   int64_t n;
   TF_RETURN_IF_ERROR(c->GetAttr("n", &n));
   c->set_output(0, c->Vector(n));
+  return tensorflow::OkStatus();
+}
+
+// Ops whose outputs are a tensor list of the shapes in their "shapes" attribute.
+inline tensorflow::Status ShapesAttrOutputs(tensorflow::shape_inference::InferenceContext* c) {
+  std::vector<tensorflow::PartialTensorShape> shapes;
+  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    tensorflow::shape_inference::ShapeHandle shape;
+    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &shape));
+    c->set_output(static_cast<int>(i), shape);
+  }
   return tensorflow::OkStatus();
 }
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cc/kernels/group_op.h"
+#include "cc/ops/dense_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/types.h"
@@ -69,16 +70,6 @@ tensorflow::Status EncodeShape(InferenceContext* c) {
   return tensorflow::OkStatus();
 }
 
-tensorflow::Status DecodeShape(InferenceContext* c) {
-  std::vector<tensorflow::PartialTensorShape> shapes;
-  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    ShapeHandle shape;
-    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &shape));
-    c->set_output(static_cast<int>(i), shape);
-  }
-  return tensorflow::OkStatus();
-}
 
 }  // namespace
 
@@ -120,7 +111,7 @@ REGISTER_OP("MergecompGroupDecode")
     .Attr("shapes: list(shape)")
     .Attr("num_rows: int >= 1")
     .MERGECOMP_GROUP_CODEC_ATTRS
-    .SetShapeFn(DecodeShape)
+    .SetShapeFn(ShapesAttrOutputs)
     .Doc(R"doc(
 The combined gradients of a group from what its collective returned: num_rows
 payloads back to back (every worker's, after an allgather; the averaged one,

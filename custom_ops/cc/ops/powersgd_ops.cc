@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "cc/kernels/powersgd_op.h"
+#include "cc/ops/dense_shapes.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -75,16 +76,6 @@ Status QShape(InferenceContext* c) {
   return tensorflow::OkStatus();
 }
 
-Status FinishShape(InferenceContext* c) {
-  std::vector<PartialTensorShape> shapes;
-  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    ShapeHandle shape;
-    TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &shape));
-    c->set_output(static_cast<int>(i), shape);
-  }
-  return tensorflow::OkStatus();
-}
 
 }  // namespace
 
@@ -140,7 +131,7 @@ REGISTER_OP("MergecompPowersgdGroupFinish")
     .Attr("rank: int >= 1")
     .Attr("residual: bool")
     .SetIsStateful()
-    .SetShapeFn(FinishShape)
+    .SetShapeFn(ShapesAttrOutputs)
     .Doc(R"doc(
 PowerSGD's last step: gradient i = P_i Qmean_i^T (the averaged raw values for
 the other tensors) in its shape and dtype; updates the state in place:
