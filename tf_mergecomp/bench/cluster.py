@@ -3,8 +3,7 @@
 For every model: a 1-worker run (Horovod fp32; the scaling baseline), then for
 every worker count W a run of all configs on W namespaces joined by
 tc-shaped links (``netns.VirtualCluster``), ranks started by
-``launcher.run_ranks``, each rank a ``worker.py`` process running the configs
-in sequence.
+``launcher.run_ranks``.
 
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
@@ -12,13 +11,24 @@ Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 searched during warmup: by training step times (``MergeCompCallback``) or, with
 ``--search-on exchange``, by exchange times (worker.py).
 
+Batches: the configs run in batches, each in a fresh set of rank processes
+(``plan_batches``): Horovod fp32 and fp16, then one batch per algorithm with
+its layer-wise, one-group and searched configs. A rank thus holds the models,
+MergeComp state and traced functions of one batch only (its peak RSS,
+``ru_maxrss``, is reported per batch), and no config runs after the whole
+matrix's earlier configs. Within a batch, worker.py times the configs
+interleaved in rounds (order rotated per round), so the ratios MergeComp
+reports (searched vs layer-wise and one group) compare configs measured side
+by side. Each batch also runs one config twice, as two independent configs
+(Horovod fp32; the algorithm's layer-wise): the spread between the two is this
+run's noise, printed next to every ratio of the batch.
+
 Throughput = W x batch / median over measured steps of the slowest rank's
-step time. Exchange time = median over ``--exchange-rounds`` x
-``--exchange-steps`` calls (the configs interleaved round by round) of the
-slowest rank's time for the gradient exchange alone (worker.py: the
-optimizer's allreduce function on fixed tensors of the model's gradient
-shapes, no backprop): the communication and compression cost that the
-grouping changes, which backprop on a CPU mostly hides.
+step time. Exchange time = median over the rounds' calls of the slowest
+rank's time for the gradient exchange alone (worker.py: the optimizer's
+allreduce function on fixed tensors of the model's gradient shapes, no
+backprop): the communication and compression cost that the grouping changes,
+which backprop on a CPU mostly hides.
 
 Scaling factor = W-worker throughput / (W x 1-worker fp32
 throughput). All ranks share this machine's cores, so per-rank compute time
@@ -30,6 +40,7 @@ after each run is recorded: other processes on the machine skew the numbers.
 """
 
 import json
+import math
 import os
 import time
 
@@ -39,8 +50,11 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 8, "warmup_steps": 5, "search_steps": 16, "search_max_groups": 2,
-         "exchange_steps": 4, "exchange_rounds": 3}
+         "steps": 24, "warmup_steps": 3, "search_steps": 16, "search_max_groups": 2,
+         "exchange_steps": 2, "exchange_rounds": 8}
+# The config each batch runs twice, by kind: its spread is the batch's noise.
+REPEATED = {"horovod": "horovod fp32", "mergecomp": "layerwise"}
+REPEAT_SUFFIX = " (repeat)"
 
 
 CPU_ALLOCATORS = ("bfc", "default")
@@ -60,6 +74,13 @@ def cpu_allocator_environment(allocator):
     return {"TF_CPU_ALLOCATOR_USE_BFC": "true" if allocator == "bfc" else "false"}
 
 
+def rank_environment(allocator):
+    """Environment added to every rank: the CPU allocator and a response cache
+    large enough for a batch's configs, so that no config's collectives are
+    evicted (and renegotiated) by the others' in the interleaved rounds."""
+    return dict(cpu_allocator_environment(allocator), HOROVOD_CACHE_CAPACITY="4096")
+
+
 def plan_configs(algorithms, modes=PARTITION_MODES):
     configs = [
         {"label": "horovod fp32", "kind": "horovod", "compression": "none"},
@@ -70,6 +91,35 @@ def plan_configs(algorithms, modes=PARTITION_MODES):
             configs.append({"label": "%s %s" % (algorithm, mode), "kind": "mergecomp",
                             "algorithm": algorithm, "partition": mode})
     return configs
+
+
+def _repeat(config):
+    return dict(config, label=config["label"] + REPEAT_SUFFIX, repeat_of=config["label"])
+
+
+def _is_repeated(config):
+    wanted = REPEATED[config["kind"]]
+    return config["label"] == wanted or config.get("partition") == wanted
+
+
+def plan_batches(algorithms, modes=PARTITION_MODES):
+    """The configs of ``plan_configs`` in batches: Horovod's, then one per algorithm,
+    each with its repeated config (REPEATED) appended."""
+    batches = []
+    for config in plan_configs(algorithms, modes):
+        key = config.get("algorithm", "horovod")
+        if not batches or batches[-1][0].get("algorithm", "horovod") != key:
+            batches.append([])
+        batches[-1].append(config)
+    for batch in batches:
+        batch.extend(_repeat(c) for c in list(batch) if _is_repeated(c))
+    return batches
+
+
+def rounds_plan(args):
+    """(rounds, steps per round): --steps measured steps spread over --exchange-rounds rounds."""
+    rounds = max(1, args.exchange_rounds)
+    return rounds, max(1, math.ceil(args.steps / rounds))
 
 
 def algorithm_available(name):
@@ -83,107 +133,187 @@ def algorithm_available(name):
     return True, ""
 
 
-def _time_budget_s(num_configs, args, model):
-    # Generous: tracing a Keras model with per-tensor compression takes tens of
-    # seconds on a contended 2-core machine; ResNet50/VGG16 steps take seconds.
-    # A search on exchange times re-traces only the exchange (seconds).
+def _time_budget_s(num_configs, args, model, compute_steps):
+    # Generous: starting TensorFlow and Horovod takes tens of seconds, tracing a
+    # Keras model with per-tensor compression as much again on a contended
+    # 2-core machine; ResNet50/VGG16 steps take seconds. A search on exchange
+    # times re-traces only the exchange (seconds).
     per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
+    rounds, steps_per_round = rounds_plan(args)
     search_steps = args.search_steps if args.search_on == "training" else 0
-    per_config = 150 + per_step * (args.steps + args.warmup_steps + search_steps) \
-        + 2.0 * args.exchange_rounds * (args.exchange_steps + 2)
+    per_config = 150 + per_step * (args.warmup_steps + search_steps + rounds * (1 + steps_per_round)) \
+        + 2.0 * rounds * (args.exchange_steps + 2)
     searches = 600 if args.search_on == "exchange" else 0
-    return 180 + num_configs * per_config + searches * len(args.algorithms)
+    return 180 + per_step * (3 + compute_steps) + num_configs * per_config + searches
 
 
-def run_group(model, workers, configs, args, out_dir):
-    """One cluster of `workers` ranks running `configs`; returns the ranks' outputs."""
-    tag = "%s%d" % (model[0], workers)
-    run_dir = os.path.join(out_dir, "runs", "%s_w%d" % (model, workers))
-    os.makedirs(run_dir, exist_ok=True)
-    timeout_s = args.timeout or _time_budget_s(len(configs), args, model)
-    spec = {
+def batch_spec(model, configs, args, result_path, compute_steps):
+    rounds, steps_per_round = rounds_plan(args)
+    timeout_s = args.timeout or _time_budget_s(len(configs), args, model, compute_steps)
+    return {
         "model": model,
         "batch_size": args.batch_size,
         "warmup_steps": args.warmup_steps,
-        "steps": args.steps,
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
         "search_steps": args.search_steps,
-        "compute_steps": 5,
+        "compute_steps": compute_steps,
         "exchange_steps": args.exchange_steps,
-        "exchange_rounds": args.exchange_rounds,
         "search_on": args.search_on,
-        "deadline": time.time() + timeout_s - 15,
-        "result_path": os.path.join(run_dir, "rank{rank}.json"),
+        # The ranks stop themselves (together) before the launcher kills them.
+        "deadline": time.time() + timeout_s - 30,
+        "timeout_s": timeout_s,
+        "result_path": result_path,
         "configs": configs,
         "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 3,
                           "verbose": 0},
     }
-    spec_path = os.path.join(run_dir, "spec.json")
+
+
+def run_batch(cluster, model, batch_index, configs, args, run_dir):
+    """One batch in a fresh set of rank processes; returns its record (``ranks``: their outputs).
+
+    The local compute step is measured in the first batch only (the same for all).
+    """
+    name = "batch%d" % batch_index
+    spec = batch_spec(model, configs, args, os.path.join(run_dir, name + "_rank{rank}.json"),
+                      compute_steps=5 if batch_index == 0 else 0)
+    spec_path = os.path.join(run_dir, name + "_spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)
     error = None
     started = time.time()
-    load_before = os.getloadavg()[0]
-    with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster:
-        try:
-            launcher.run_ranks(cluster, ["-m", "tf_mergecomp.bench.worker", spec_path],
-                               os.path.join(run_dir, "logs"), timeout_s,
-                               extra_env=cpu_allocator_environment(args.cpu_allocator))
-        except launcher.RankFailure as failure:
-            error = str(failure)
+    try:
+        launcher.run_ranks(cluster, ["-m", "tf_mergecomp.bench.worker", spec_path],
+                           os.path.join(run_dir, "logs"), spec["timeout_s"],
+                           log_prefix=name + "_rank", extra_env=rank_environment(args.cpu_allocator))
+    except launcher.RankFailure as failure:
+        error = str(failure)
     outputs = []
-    for rank in range(workers):
+    for rank in range(len(cluster.namespaces)):
         path = spec["result_path"].format(rank=rank)
         if os.path.exists(path):
             with open(path) as f:
                 outputs.append(json.load(f))
-    return {"model": model, "workers": workers, "error": error, "wall_s": time.time() - started,
-            "load_average": [load_before, os.getloadavg()[0]], "ranks": outputs}
+    return {"labels": [c["label"] for c in configs], "error": error,
+            "wall_s": time.time() - started, "ranks": outputs}
+
+
+def run_group(model, workers, batches, args, out_dir):
+    """The batches of one (model, workers), one after another on one virtual cluster."""
+    tag = "%s%d" % (model[0], workers)
+    run_dir = os.path.join(out_dir, "runs", "%s_w%d" % (model, workers))
+    os.makedirs(run_dir, exist_ok=True)
+    started = time.time()
+    load_before = os.getloadavg()[0]
+    records = []
+    with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster:
+        for index, configs in enumerate(batches):
+            print("[cluster]   batch %d/%d: %s" % (index + 1, len(batches),
+                                                  ", ".join(c["label"] for c in configs)), flush=True)
+            records.append(run_batch(cluster, model, index, configs, args, run_dir))
+    return {"model": model, "workers": workers, "batch_size": args.batch_size,
+            "wall_s": time.time() - started, "load_average": [load_before, os.getloadavg()[0]],
+            "batches": records, "ranks": merge_batches(records, workers)}
+
+
+def merge_batches(records, workers):
+    """Per rank, the results of all batches, each result marked with its batch and
+    that batch's peak RSS on this rank."""
+    ranks = [{"rank": rank, "results": []} for rank in range(workers)]
+    for index, record in enumerate(records):
+        for output in record["ranks"]:
+            merged = ranks[output["rank"]]
+            if "compute_step_s" in output:
+                merged["compute_step_s"] = output["compute_step_s"]
+            merged.setdefault("gradient_tensors", output.get("gradient_tensors"))
+            for result in output["results"]:
+                merged["results"].append(dict(result, batch=index,
+                                              peak_rss_mb=output.get("peak_rss_mb")))
+    return ranks
+
+
+def batch_errors(group):
+    return ["batch %d (%s): %s" % (i + 1, ", ".join(b["labels"]), b["error"])
+            for i, b in enumerate(group.get("batches", [])) if b["error"]]
 
 
 def summarize(group):
-    """Per-config throughput and timing over the ranks of one run."""
-    ranks = group["ranks"]
+    """Per-config throughput and timing over the ranks of one run, with each batch's noise."""
     workers = group["workers"]
-    rows = []
-    if not ranks:
-        return rows
     by_label = {}
-    for output in ranks:
+    for output in group["ranks"]:
         for result in output["results"]:
             by_label.setdefault(result["label"], []).append(result)
-    batch = None
-    for label, results in by_label.items():
-        config = results[0]["config"]
-        row = {"label": label, "config": config, "model": group["model"], "workers": workers}
-        failed = [r for r in results if not r.get("ok")]
-        if failed or len(results) != workers:
-            row["error"] = failed[0].get("error") if failed else "missing ranks"
-            rows.append(row)
-            continue
-        # Step i ends when the slowest rank finishes it.
-        slowest = [max(steps) for steps in zip(*(r["step_times_s"] for r in results))]
-        row["step_s"] = report.median(slowest)
-        row["steps"] = len(slowest)
-        row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
-        row["first_steps_s"] = max(r["first_steps_s"] for r in results)
-        for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
-                    "search_candidates", "search_finished", "search_history"):
-            if key in results[0]:
-                row[key] = results[0][key]
-        if all(r.get("exchange_times_s") for r in results):
-            row["exchange_s"] = report.median(
-                [max(steps) for steps in zip(*(r["exchange_times_s"] for r in results))])
-        row["note"] = results[0].get("note", "")
-        if "search_candidates" in row:
-            row["note"] = "search on %s times: %d candidates in %.0f s%s" % (
-                results[0].get("search_on", "training"), row["search_candidates"], row["search_s"],
-                "" if row["search_finished"] else ", stopped at the step budget (best so far kept)")
-        rows.append(row)
-    batch = group.get("batch_size")
-    for row in rows:
-        if row.get("step_s"):
-            row["images_per_s"] = workers * batch / row["step_s"]
+    rows = [_summarize_config(label, results, group["model"], workers, group.get("batch_size"))
+            for label, results in by_label.items()]
+    _add_noise(rows)
     return rows
+
+
+def _summarize_config(label, results, model, workers, batch_size):
+    config = results[0]["config"]
+    row = {"label": label, "config": config, "model": model, "workers": workers,
+           "batch": results[0].get("batch"),
+           "peak_rss_mb": max((r.get("peak_rss_mb") or 0 for r in results), default=None) or None}
+    failed = [r for r in results if not r.get("ok")]
+    if failed or len(results) != workers:
+        row["error"] = failed[0].get("error", "failed") if failed else "missing ranks"
+        return row
+    if not all(r.get("step_times_s") for r in results):
+        row["error"] = "set up but not timed (the batch stopped; see its logs)"
+        return row
+    # Step i ends when the slowest rank finishes it.
+    slowest = [max(steps) for steps in zip(*(r["step_times_s"] for r in results))]
+    row["step_s"] = report.median(slowest)
+    row["steps"] = len(slowest)
+    row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
+    row["first_steps_s"] = max(r["first_steps_s"] for r in results)
+    for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
+                "search_candidates", "search_finished", "search_history"):
+        if key in results[0]:
+            row[key] = results[0][key]
+    if all(r.get("exchange_times_s") for r in results):
+        row["exchange_s"] = report.median(
+            [max(calls) for calls in zip(*(r["exchange_times_s"] for r in results))])
+    row["note"] = results[0].get("note", "")
+    if "search_candidates" in row:
+        row["note"] = "search on %s times: %d candidates in %.0f s%s" % (
+            results[0].get("search_on", "training"), row["search_candidates"], row["search_s"],
+            "" if row["search_finished"] else ", stopped at the step budget (best so far kept)")
+    if batch_size:
+        row["images_per_s"] = workers * batch_size / row["step_s"]
+    return row
+
+
+def spread(first, second):
+    """Relative difference of two measurements of the same config: |first/second - 1|."""
+    value = report.ratio(first, second)
+    return None if value is None else abs(value - 1)
+
+
+def _add_noise(rows):
+    """Each row of a batch gets the batch's noise: the spread between its repeated
+    config's two measurements, in throughput ("noise") and exchange time."""
+    by_label = {r["label"]: r for r in rows}
+    for repeat in rows:
+        original = by_label.get(repeat["config"].get("repeat_of"))
+        if original is None:
+            continue
+        noise = spread(repeat.get("images_per_s"), original.get("images_per_s"))
+        exchange_noise = spread(repeat.get("exchange_s"), original.get("exchange_s"))
+        for row in rows:
+            if row.get("batch") == repeat.get("batch"):
+                row.update(noise=noise, exchange_noise=exchange_noise, noise_of=original["label"])
+
+
+def primary_rows(rows):
+    """The rows without the repeated configs (those only measure the noise)."""
+    return [r for r in rows if not r["config"].get("repeat_of")]
+
+
+def _percent(value):
+    return "-" if value is None else "%.1f%%" % (100 * value)
 
 
 SPEEDUP_TARGET_ALGORITHMS = ("efsignsgd", "signsgd", "onebit", "signum", "dgc")
@@ -197,14 +327,10 @@ def target_lines(group, single_images_per_s):
     best scaling factor >= 90%. The exchange-time ratio is given next to the
     throughput one, since CPU backprop hides most of the exchange.
     """
-    by = {(r["config"].get("algorithm"), r["config"].get("partition")): r for r in group["rows"]}
+    rows = primary_rows(group["rows"])
+    by = {(r["config"].get("algorithm"), r["config"].get("partition")): r for r in rows}
     lines = []
-    algorithms = []
-    for row in group["rows"]:
-        algorithm = row["config"].get("algorithm")
-        if algorithm and algorithm not in algorithms:
-            algorithms.append(algorithm)
-    for algorithm in algorithms:
+    for algorithm in _algorithms(rows):
         searched = by.get((algorithm, "searched"), {})
         layerwise = by.get((algorithm, "layerwise"), {})
         one = by.get((algorithm, "one"), {})
@@ -223,15 +349,33 @@ def target_lines(group, single_images_per_s):
             verdicts.append("within 3%% of the better sentinel: %s (%s)" % (
                 _verdict(relative, 0.97), "%.1f%% %s" % (
                     100 * abs(1 - relative), "slower" if relative < 1 else "faster")))
-        lines.append("%s: %s" % (algorithm, "; ".join(verdicts)))
+        lines.append("%s: %s; %s" % (algorithm, "; ".join(verdicts), _noise_text(searched)))
     if single_images_per_s:
         scaling = [(r["images_per_s"] / (group["workers"] * single_images_per_s), r["label"])
-                   for r in group["rows"] if r.get("images_per_s")]
+                   for r in rows if r.get("images_per_s")]
         if scaling:
             best, label = max(scaling)
             lines.append("best scaling factor >= 0.90: %s (%s, %s)" % (
                 _verdict(best, 0.90), report.fmt(best), label))
     return lines
+
+
+def _algorithms(rows):
+    """The algorithms of ``rows`` in order of appearance."""
+    algorithms = []
+    for row in rows:
+        algorithm = row["config"].get("algorithm")
+        if algorithm and algorithm not in algorithms:
+            algorithms.append(algorithm)
+    return algorithms
+
+
+def _noise_text(row):
+    """The run's own noise for the ratios of ``row``'s batch."""
+    if not row.get("noise_of"):
+        return "noise not measured"
+    return "noise: %s measured twice differs by %s in throughput, %s in exchange" % (
+        row["noise_of"], _percent(row.get("noise")), _percent(row.get("exchange_noise")))
 
 
 def _verdict(value, target):
@@ -249,6 +393,19 @@ def _partition_text(row):
     if len(splits) <= 4:
         return "%d groups %s" % (row["num_groups"], list(splits))
     return "%d groups" % row["num_groups"]
+
+
+def _batches_text(group):
+    """How the rows were measured, and the memory that took."""
+    rows = group["rows"]
+    peaks = [r["peak_rss_mb"] for r in rows if r.get("peak_rss_mb")]
+    steps = max([r.get("steps", 0) for r in rows] + [0])
+    return ("Configs run in %d batches, each in fresh rank processes, timed interleaved in %s "
+            "rounds (%d measured steps per config); \"batch noise\" is the spread between the "
+            "two measurements of the config each batch runs twice (the \"(repeat)\" rows). "
+            "Peak RSS of a rank: %s MB (largest batch)." % (
+                len({r.get("batch") for r in rows}), group.get("rounds", "-"), steps,
+                report.fmt(max(peaks)) if peaks else "-"))
 
 
 def _load_text(load):
@@ -276,8 +433,8 @@ def tables(summary):
                          _load_text(single.get(model, {}).get("load_average")),
                          ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
                          workers, _load_text(group.get("load_average"))))
-        layerwise = {r["config"].get("algorithm"): r
-                     for r in group["rows"] if r["config"].get("partition") == "layerwise"}
+        layerwise = {r["config"].get("algorithm"): r for r in primary_rows(group["rows"])
+                     if r["config"].get("partition") == "layerwise"}
         rows = []
         for row in group["rows"]:
             speedup = exchange_speedup = None
@@ -295,13 +452,18 @@ def tables(summary):
                 row.get("step_s"),
                 1e3 * row["exchange_s"] if row.get("exchange_s") else None,
                 exchange_speedup,
+                "%s / %s" % (_percent(row.get("noise")), _percent(row.get("exchange_noise"))),
                 row.get("cpu_util"),
+                row.get("peak_rss_mb"),
                 row.get("error") or row.get("note") or "",
             ])
         parts.append(report.markdown_table(
             ["config", "images/s", "scaling factor", "vs local compute", "speedup vs layer-wise",
              "partition", "step s (median)", "exchange ms (median)",
-             "exchange speedup vs layer-wise", "CPU util/rank", "notes"], rows))
+             "exchange speedup vs layer-wise", "batch noise: images/s / exchange",
+             "CPU util/rank", "peak RSS MB/rank", "notes"], rows))
+        parts.append("")
+        parts.append(_batches_text(group))
         parts.append("")
         targets = target_lines(group, one)
         if targets:
@@ -338,11 +500,8 @@ def chart(summary, path):
 
 
 def _bars(ax, rows, key, scale, ylabel, title):
-    algorithms = []
-    for row in rows:
-        algorithm = row["config"].get("algorithm")
-        if algorithm and algorithm not in algorithms:
-            algorithms.append(algorithm)
+    rows = primary_rows(rows)
+    algorithms = _algorithms(rows)
     width = 0.27
     for offset, (mode, colour) in enumerate(
             (("layerwise", "tab:gray"), ("one", "tab:orange"), ("searched", "tab:blue"))):
@@ -385,14 +544,14 @@ def run(args):
             algorithms.append(algorithm)
         else:
             notes.append("skipped %s: its compressor module is not there yet (%s)" % (algorithm, why))
-    configs = plan_configs(algorithms)
+    batches = plan_batches(algorithms)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "cpu_allocator": args.cpu_allocator,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
         with netns.terminate_cleanly():
-            _run_all(args, configs, summary, out_dir)
+            _run_all(args, batches, summary, out_dir)
     except (KeyboardInterrupt, netns.Terminated) as interrupt:
         notes.append("interrupted (%s); results so far are kept" % (interrupt or "Ctrl-C"))
         _write(summary, out_dir)
@@ -402,32 +561,32 @@ def run(args):
     return _write(summary, out_dir)
 
 
-def _run_all(args, configs, summary, out_dir):
+def _run_all(args, batches, summary, out_dir):
     notes = summary["notes"]
+    rounds, _ = rounds_plan(args)
     for model in args.models:
         print("[cluster] %s: 1 worker, Horovod fp32" % model, flush=True)
-        single = run_group(model, 1, configs[:1], args, out_dir)
-        single["batch_size"] = args.batch_size
+        single = run_group(model, 1, [batches[0][:1]], args, out_dir)
         rows = summarize(single)
-        entry = {"model": model, "error": single["error"], "images_per_s": None,
-                 "load_average": single["load_average"],
-                 "compute_step_s": single["ranks"][0]["compute_step_s"] if single["ranks"] else None}
-        if rows and rows[0].get("images_per_s"):
-            entry["images_per_s"] = rows[0]["images_per_s"]
-        summary["single"].append(entry)
+        compute = [r.get("compute_step_s") for r in single["ranks"]]
+        summary["single"].append({
+            "model": model, "error": "; ".join(batch_errors(single)) or None,
+            "images_per_s": rows[0].get("images_per_s") if rows else None,
+            "load_average": single["load_average"], "compute_step_s": compute[0] if compute else None,
+            "peak_rss_mb": rows[0].get("peak_rss_mb") if rows else None})
         for workers in args.workers:
-            print("[cluster] %s: %d workers, %d configs" % (model, workers, len(configs)), flush=True)
-            group = run_group(model, workers, configs, args, out_dir)
-            group["batch_size"] = args.batch_size
-            rows = summarize(group)
+            print("[cluster] %s: %d workers, %d configs in %d batches" % (
+                model, workers, sum(len(b) for b in batches), len(batches)), flush=True)
+            group = run_group(model, workers, batches, args, out_dir)
+            errors = batch_errors(group)
             summary["groups"].append({
-                "model": model, "workers": workers, "error": group["error"],
-                "wall_s": group["wall_s"], "rows": rows, "load_average": group["load_average"],
-                "compute_step_s": [r["compute_step_s"] for r in group["ranks"]],
-                "gradient_tensors": group["ranks"][0]["gradient_tensors"] if group["ranks"] else None,
+                "model": model, "workers": workers, "errors": errors, "rounds": rounds,
+                "wall_s": group["wall_s"], "rows": summarize(group),
+                "load_average": group["load_average"],
+                "compute_step_s": [r["compute_step_s"] for r in group["ranks"] if "compute_step_s" in r],
+                "gradient_tensors": group["ranks"][0].get("gradient_tensors"),
             })
-            if group["error"]:
-                notes.append("%s with %d workers: %s" % (model, workers, group["error"]))
+            notes.extend("%s with %d workers: %s" % (model, workers, e) for e in errors)
             _write(summary, out_dir)
 
 

@@ -1,31 +1,42 @@
-"""One Horovod rank of the cluster benchmark: runs several configs in sequence.
+"""One Horovod rank of the cluster benchmark: a few configs, timed interleaved in rounds.
 
 Started by ``cluster.py`` inside a worker's network namespace with Horovod's
 Gloo environment already set::
 
     python -m tf_mergecomp.bench.worker SPEC.json
 
-SPEC holds the model, batch size, warmup and measured step counts, a deadline
-(Unix time), the configs to run and where to write this rank's result JSON.
-Importing TensorFlow and building the model costs tens of seconds, so one
-process runs every config of one (model, worker count): the same model, a new
-optimizer and compression per config.
+SPEC holds the model, batch size, warmup steps, the rounds and steps per
+round, a deadline (Unix time), the configs of this process set (a "batch":
+cluster.py runs every algorithm's configs in a fresh set of rank processes,
+so no rank keeps the models, optimizers, MergeComp state and traced functions
+of the whole matrix alive) and where to write this rank's result JSON.
 
-Per config the rank records the wall time of each measured step (between
-consecutive ``on_train_batch_end`` calls after the warmup steps, which include
-tracing) and the process CPU time over them. Before the configs it measures
-its plain local compute step time (no Horovod) while the other ranks do the
-same, which shows how much the ranks slow each other down on a shared CPU.
+Setup, config by config: a model of its own (the broadcast weights), a new
+optimizer and compression, the partition search for "searched", then
+``warmup_steps`` training steps (tracing, Horovod and allocator warm-up).
+Then ``rounds`` rounds; in each, every config (the order rotated by one per
+round, so that no config always follows the same one) trains
+``steps_per_round`` timed steps after one untimed step (the switch from the
+previous config), then times ``exchange_steps`` calls of its gradient
+exchange alone: the same Horovod allreduce function the optimizer uses
+(compression, collectives, decompression, error feedback) on fixed random
+tensors of the model's gradient shapes, no forward or backward pass. On a
+CPU-only machine backprop takes seconds and hides most of what the grouping
+changes; the exchange time is what an accelerator that computes backprop
+almost instantly would wait for. A slow spell of the machine thus lands on
+every config of the batch, not on one, and a config listed twice (cluster.py
+repeats one per batch) measures the run's own noise.
 
-After all configs have trained, the rank times the gradient exchange alone
-of each: the same Horovod allreduce function the optimizer uses (compression,
-collectives, decompression, error feedback) applied to fixed random tensors
-of the model's gradient shapes, with no forward or backward pass;
-``exchange_steps`` timed calls per config in each of ``exchange_rounds``
-rounds, the configs interleaved within a round so that a slow spell of the
-machine does not land on one config. On a CPU-only machine backprop takes
-seconds and hides most of what the grouping changes; the exchange time is
-what an accelerator that computes backprop almost instantly would wait for.
+Before the configs the rank measures its plain local compute step time (no
+Horovod) while the other ranks do the same (``compute_steps`` > 0), which
+shows how much the ranks slow each other down on a shared CPU. The peak RSS
+of the rank (``ru_maxrss``) is written with every result.
+
+Ranks agree (a min-allreduce of flags) before each config's setup, after its
+local build and after its warm-up, and before each round: a config that
+failed on one rank, or a deadline one rank reached, is skipped or stops the
+run on every rank together instead of leaving the others waiting in
+collectives the failed rank never joins.
 
 ``search_on``: "training" searches the partition from training step times
 (``MergeCompCallback``, a model re-trace per candidate); "exchange" from
@@ -35,6 +46,7 @@ re-traces), then trains with the partition found.
 
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -42,10 +54,6 @@ import traceback
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
 SEARCH_ON = ("training", "exchange")
-
-
-class DeadlineExceeded(RuntimeError):
-    pass
 
 
 def _configure_threads():
@@ -60,11 +68,15 @@ def _make_step_timer():
     import tensorflow as tf
 
     class StepTimer(tf.keras.callbacks.Callback):
-        """Wall and CPU clock at the end of every training batch."""
+        """Wall and CPU clock at the start of training and the end of every batch.
 
-        def __init__(self, deadline):
+        It never stops training at the deadline: one rank leaving ``fit``
+        early would leave the others waiting in its collectives; deadlines are
+        agreed between ranks instead (``_agree``).
+        """
+
+        def __init__(self):
             super().__init__()
-            self.deadline = deadline
             self.wall = []
             self.cpu = []
 
@@ -75,10 +87,18 @@ def _make_step_timer():
         def on_train_batch_end(self, batch, logs=None):
             self.wall.append(time.perf_counter())
             self.cpu.append(time.process_time())
-            if time.time() > self.deadline:
-                raise DeadlineExceeded("deadline passed during training")
 
     return StepTimer
+
+
+def _train_timed(model, dataset, steps):
+    """(wall seconds, CPU seconds) of each of ``steps`` training steps."""
+    timer = _make_step_timer()()
+    model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    # [0] is train begin; [i] the end of step i (1-based).
+    wall, cpu = timer.wall, timer.cpu
+    return ([wall[i] - wall[i - 1] for i in range(1, steps + 1)],
+            [cpu[i] - cpu[i - 1] for i in range(1, steps + 1)])
 
 
 def _searched_partition_support():
@@ -119,53 +139,65 @@ def build_compression(config):
     return mergecomp, callback_class, ""
 
 
-def _run_config(model, dataset, gradients, config, spec, hvd, tf):
-    compression, search_callback_class, note = build_compression(config)
-    mergecomp = compression if config["kind"] == "mergecomp" else None
+class Slot:
+    """One config of the batch: its own model, optimizer, compression and exchange."""
+
+    def __init__(self, config, result):
+        self.config = config
+        self.result = result
+        self.model = None
+        self.compression = None
+        self.mergecomp = None
+        self.search_callback_class = None
+        self.exchange = None
+
+
+def _new_result(config):
+    return {"label": config["label"], "config": config, "ok": False, "note": "",
+            "step_times_s": [], "switch_steps_s": [], "exchange_times_s": [], "cpu_s": 0.0,
+            "elapsed_s": 0.0}
+
+
+def _build_slot(slot, weights, gradients, spec, hvd, tf):
+    """The local part of a config's setup: no collectives run here."""
+    import tf_mergecomp.bench.models as models
+
+    compression, slot.search_callback_class, slot.result["note"] = build_compression(slot.config)
+    slot.compression = compression
+    slot.mergecomp = compression if slot.config["kind"] == "mergecomp" else None
+    slot.model = models.build_model(spec["model"])
+    slot.model.set_weights(weights)
     optimizer = hvd.DistributedOptimizer(
         tf.keras.optimizers.SGD(learning_rate=spec.get("learning_rate", 0.001)), compression=compression
     )
-    model.compile(
+    slot.model.compile(
         optimizer=optimizer,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    search = {}
-    started = time.perf_counter()
-    exchange = _make_exchange(compression, gradients, tf)
-    if search_callback_class is not None:
+    slot.exchange = _make_exchange(compression, gradients, tf)
+
+
+def _warm_up_slot(slot, dataset, spec):
+    """The partition search ("searched"), then the warm-up steps (tracing included)."""
+    if slot.search_callback_class is not None:
         search_on = spec.get("search_on", "training")
         if search_on not in SEARCH_ON:
             raise ValueError("search_on must be one of %s, got %r" % (SEARCH_ON, search_on))
         if search_on == "training":
-            search = _search_partition(model, dataset, mergecomp, search_callback_class, spec)
+            search = _search_partition(slot.model, dataset, slot.mergecomp,
+                                       slot.search_callback_class, spec)
         else:
-            search = _search_on_exchange(exchange, mergecomp, spec)
-    timer = _make_step_timer()(spec["deadline"])
-    warmup, steps = spec["warmup_steps"], spec["steps"]
-    model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
-    wall, cpu = timer.wall, timer.cpu
-    # wall[0] is train begin; wall[i] the end of step i (1-based).
-    step_times = [wall[i] - wall[i - 1] for i in range(warmup + 1, warmup + steps + 1)]
-    result = {
-        "label": config["label"],
-        "config": config,
-        "ok": True,
-        "note": note,
-        "first_steps_s": wall[warmup] - wall[0],
-        "step_times_s": step_times,
-        "elapsed_s": wall[warmup + steps] - wall[warmup],
-        "cpu_s": cpu[warmup + steps] - cpu[warmup],
-        "total_s": time.perf_counter() - started,
-    }
-    result.update(search)
+            search = _search_on_exchange(slot.exchange, slot.mergecomp, spec)
+        slot.result.update(search)
+    times, _ = _train_timed(slot.model, dataset, max(1, spec["warmup_steps"]))
+    slot.result["first_steps_s"] = sum(times)
+    mergecomp = slot.mergecomp
     if mergecomp is not None:
-        result.update(
+        slot.result.update(
             splits=list(mergecomp.splits) if mergecomp.splits is not None else None,
             num_groups=mergecomp.num_groups,
             num_tensors=mergecomp.num_tensors,
-            collectives_executed=int(mergecomp.collectives_executed.numpy()),
         )
-    return result, exchange
 
 
 def _search_partition(model, dataset, mergecomp, callback_class, spec):
@@ -225,39 +257,16 @@ def _make_exchange(compression, gradients, tf):
     return step, gradients
 
 
-def _time_exchange(exchange, spec, unmeasured):
-    """Wall time of each of ``exchange_steps`` exchanges after ``unmeasured`` ones."""
+def _time_exchange(exchange, calls, unmeasured):
+    """Wall time of each of ``calls`` exchanges after ``unmeasured`` ones."""
     step, gradients = exchange
     times = []
-    for index in range(unmeasured + spec["exchange_steps"]):
-        if time.time() > spec["deadline"]:
-            raise DeadlineExceeded("deadline passed while timing the exchange")
+    for index in range(unmeasured + calls):
         started = time.perf_counter()
         step(gradients).numpy()
         if index >= unmeasured:
             times.append(time.perf_counter() - started)
     return times
-
-
-def _time_exchanges_interleaved(results, exchanges, spec, hvd_tf, tf):
-    """Adds ``exchange_times_s`` to each result: ``exchange_rounds`` rounds over the configs.
-
-    Only configs that trained on every rank are timed (a config that failed on
-    one rank would leave the others waiting in its collectives). The first
-    round's first two calls per config trace and warm up; later rounds discard
-    one call per config, the switch from the previous config's collectives.
-    """
-    labels = [config["label"] for config in spec["configs"]]  # the same list on every rank
-    ok_here = tf.constant([1 if label in exchanges else 0 for label in labels], tf.int32)
-    ok_everywhere = hvd_tf.allreduce(ok_here, op=hvd_tf.Min, name="bench_configs_ok").numpy()
-    by_label = {r["label"]: r for r in results}
-    timed = [by_label[label] for label, ok in zip(labels, ok_everywhere) if ok]
-    for result in timed:
-        result["exchange_times_s"] = []
-    for round_index in range(spec.get("exchange_rounds", 1)):
-        for result in timed:
-            result["exchange_times_s"] += _time_exchange(
-                exchanges[result["label"]], spec, unmeasured=2 if round_index == 0 else 1)
 
 
 def _search_on_exchange(exchange, mergecomp, spec):
@@ -268,12 +277,9 @@ def _search_on_exchange(exchange, mergecomp, spec):
     params = dict(spec.get("search_params", {}))
     search = PartitionSearch(mergecomp, **params)
     started = time.perf_counter()
-    budget = spec.get("exchange_search_steps", 400)
-    for _ in range(budget):
+    for _ in range(spec.get("exchange_search_steps", 400)):
         if search.done:
             break
-        if time.time() > spec["deadline"]:
-            raise DeadlineExceeded("deadline passed during the exchange search")
         search.before_step()
         search.after_step(step(gradients))
     finished = search.done
@@ -306,11 +312,103 @@ def _local_compute_time(model, dataset, spec, tf):
         optimizer=tf.keras.optimizers.SGD(learning_rate=0.0),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
-    timer = _make_step_timer()(spec["deadline"])
-    warmup, steps = 3, spec.get("compute_steps", 5)
-    model.fit(dataset, steps_per_epoch=warmup + steps, epochs=1, verbose=0, callbacks=[timer])
-    times = sorted(timer.wall[i] - timer.wall[i - 1] for i in range(warmup + 1, warmup + steps + 1))
+    times, _ = _train_timed(model, dataset, 3 + spec["compute_steps"])
+    times = sorted(times[3:])
     return times[len(times) // 2]
+
+
+def peak_rss_mb():
+    """The most resident memory this process has held, in MB (Linux: ru_maxrss in KB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _agree(flags, name, hvd_tf, tf):
+    """Per flag, whether it is true on every rank (a min-allreduce)."""
+    local = tf.constant([1 if flag else 0 for flag in flags], tf.int32)
+    return [bool(v) for v in hvd_tf.allreduce(local, op=hvd_tf.Min, name=name).numpy()]
+
+
+def _has_time(spec, needed_s):
+    return time.time() + needed_s < spec["deadline"]
+
+
+def _run_step(result, step, *args):
+    """Runs a setup step; on an exception records it in ``result``. Returns success."""
+    try:
+        step(*args)
+        return True
+    except Exception as error:  # recorded per config; the launcher log shows the traceback
+        traceback.print_exc()
+        from tf_mergecomp.bench.parity import error_text
+
+        result["error"] = error_text(error)
+        return False
+
+
+def set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, tf):
+    """Builds and warms up every config of the batch; returns the slots ready on all ranks."""
+    slots = []
+    last_setup_s = 0.0
+    for index, config in enumerate(spec["configs"]):
+        result = _new_result(config)
+        output["results"].append(result)
+        if not _agree([_has_time(spec, last_setup_s)], "bench_time_%d" % index, hvd_tf, tf)[0]:
+            result["error"] = "deadline: no time left to set this config up"
+            break
+        started = time.perf_counter()
+        slot = Slot(config, result)
+        for phase, step, args in (("build", _build_slot, (slot, weights, gradients, spec, hvd, tf)),
+                                  ("warmup", _warm_up_slot, (slot, dataset, spec))):
+            ok_here = _run_step(result, step, *args)
+            if not _agree([ok_here], "bench_%s_%d" % (phase, index), hvd_tf, tf)[0]:
+                result.setdefault("error", "%s failed on another rank" % phase)
+                break
+        else:
+            result["ok"] = True
+            result["setup_s"] = time.perf_counter() - started
+            slots.append(slot)
+        last_setup_s = time.perf_counter() - started
+        write()
+    return slots
+
+
+def rotated(items, shift):
+    """``items`` rotated left by ``shift``: each round starts with a different config."""
+    if not items:
+        return []
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
+    """The interleaved measurement (module docstring); stops early, on all ranks, at the deadline."""
+    steps = spec["steps_per_round"]
+    exchange_calls = spec.get("exchange_steps", 0)
+    last_round_s = 0.0
+    for round_index in range(spec["rounds"]):
+        if not _agree([_has_time(spec, last_round_s)], "bench_round_%d" % round_index, hvd_tf, tf)[0]:
+            output["rounds_note"] = "deadline: stopped after %d of %d rounds" % (
+                round_index, spec["rounds"])
+            break
+        started = time.perf_counter()
+        for slot in rotated(slots, round_index):
+            # One untimed step: the switch from the previous config.
+            times, cpu_times = _train_timed(slot.model, dataset, 1 + steps)
+            result = slot.result
+            result["step_times_s"] += times[1:]
+            result["switch_steps_s"].append(times[0])  # kept to show it never re-traces
+            result["cpu_s"] += sum(cpu_times[1:])
+            result["elapsed_s"] += sum(times[1:])
+            if exchange_calls:
+                # The first round's first two calls trace and warm up.
+                result["exchange_times_s"] += _time_exchange(
+                    slot.exchange, exchange_calls, unmeasured=2 if round_index == 0 else 1)
+        output["rounds_done"] = round_index + 1
+        last_round_s = time.perf_counter() - started
+        write()
+    for slot in slots:
+        if slot.mergecomp is not None:
+            slot.result["collectives_executed"] = int(slot.mergecomp.collectives_executed.numpy())
 
 
 def main(argv=None):
@@ -330,45 +428,35 @@ def main(argv=None):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     tf.keras.utils.set_random_seed(1234)
-    model = models.build_model(spec["model"])
+    reference = models.build_model(spec["model"])
     dataset = models.synthetic_dataset(spec["model"], spec["batch_size"], seed=rank)
     # One broadcast so every rank starts from the same weights, as in training.
-    hvd_tf.broadcast_variables(model.variables, root_rank=0)
+    hvd_tf.broadcast_variables(reference.variables, root_rank=0)
     output = {
         "rank": rank,
         "size": size,
         "model": spec["model"],
-        "parameters": int(model.count_params()),
-        "gradient_tensors": len(model.trainable_variables),
+        "parameters": int(reference.count_params()),
+        "gradient_tensors": len(reference.trainable_variables),
+        "rounds": spec["rounds"],
+        "steps_per_round": spec["steps_per_round"],
         "results": [],
     }
-    output["compute_step_s"] = _local_compute_time(model, dataset, spec, tf)
-    gradients = _random_gradients(model, rank, tf)
-    exchanges = {}  # label -> exchange of each config that trained
-    for config in spec["configs"]:
-        try:
-            result, exchanges[config["label"]] = _run_config(
-                model, dataset, gradients, config, spec, hvd, tf)
-            output["results"].append(result)
-        except DeadlineExceeded:
-            output["results"].append({"label": config["label"], "config": config, "ok": False,
-                                      "error": "deadline exceeded"})
-            break
-        except Exception as error:  # recorded per config; the launcher shows it
-            traceback.print_exc()
-            from tf_mergecomp.bench.parity import error_text
 
-            output["results"].append({"label": config["label"], "config": config, "ok": False,
-                                      "error": error_text(error)})
+    def write():
+        output["peak_rss_mb"] = peak_rss_mb()
         with open(spec["result_path"].format(rank=rank), "w") as f:
             json.dump(output, f, indent=1)
-    if spec.get("exchange_steps") and spec.get("exchange_rounds", 1) > 0:
-        try:
-            _time_exchanges_interleaved(output["results"], exchanges, spec, hvd_tf, tf)
-        except DeadlineExceeded:
-            output["exchange_error"] = "deadline passed while timing the exchanges"
-    with open(spec["result_path"].format(rank=rank), "w") as f:
-        json.dump(output, f, indent=1)
+
+    if spec.get("compute_steps"):
+        output["compute_step_s"] = _local_compute_time(reference, dataset, spec, tf)
+    gradients = _random_gradients(reference, rank, tf)
+    weights = reference.get_weights()
+    del reference  # each config trains a model of its own
+    slots = set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, tf)
+    output["peak_rss_after_setup_mb"] = peak_rss_mb()
+    time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf)
+    write()
     return 0
 
 
