@@ -61,6 +61,9 @@ def build_parser():
                      help="comma-separated; default: all of %s" % ",".join(NAMES))
     ops.add_argument("--budget", type=float, default=10.0,
                      help="seconds at most per timed measurement (default 10)")
+    ops.add_argument("--group-tensors", type=int, default=64,
+                     help="also time each codec's fused group reduction of n split into this "
+                          "many tensors (default 64; 0: skip)")
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
 
     exchange = commands.add_parser(
@@ -152,7 +155,8 @@ def main(argv=None):
     if args.command == "ops":
         from tf_mergecomp.bench import ops
 
-        result = ops.run(args.sizes, args.algorithms, budget_s=args.budget)
+        result = ops.run(args.sizes, args.algorithms, budget_s=args.budget,
+                         group_tensors=args.group_tensors)
         _report(ops.table(result), result, args.out, "ops")
         return 0
     if args.command == "exchange":

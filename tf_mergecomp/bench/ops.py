@@ -13,6 +13,13 @@ input, each call a ``tf.function``:
   (collectives are the identity) of the input viewed as one near-square
   matrix is timed and shown in the encode columns.
 
+With ``group_tensors`` T > 0, every algorithm is also timed as MergeComp runs
+it on a merged group: the n elements split into T float32 tensors, one call of
+the engine's group reduction on one worker (the fused MergecompGroupEncode,
+the identity collective, MergecompGroupDecode, with the default memory's state
+updated in the kernel): "group enc+dec GB/s". Target at n = 25M: >= 0.5x copy
+bandwidth for every codec.
+
 Throughput is input float32 bytes (4n) / seconds: median of repeats after
 warmup calls, at most ``budget_s`` per measurement. The physical limit is the
 machine's copy bandwidth in the same run (``numpy.copyto`` of a 25M float32
@@ -148,6 +155,31 @@ def _measure_round_trip(codec, flat, seed, budget_s):
     return {"round_trip_s": seconds}
 
 
+def measure_group(name, flat, tensors, budget_s=10.0):
+    """{'group_s'} or {'error'}: the engine's fused reduction of one group of
+    `tensors` float32 tensors holding `flat`, on one worker."""
+    import tensorflow as tf
+
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.bench.exchange import equal_split_sizes
+    from tf_mergecomp.mergecomp import _Layout
+
+    try:
+        parts = tf.split(flat, equal_split_sizes(int(flat.shape[0]), tensors))
+        mergecomp = MergeComp(name, partitions=1)
+        # The engine's own group step, without Horovod: what one group costs
+        # on this machine's CPU, state update included.
+        mergecomp._set_layout(_Layout([p.shape for p in parts], [p.dtype for p in parts]))
+        state = mergecomp._state_variables()
+        communicator = _OneWorkerCommunicator()
+        step = tf.constant(1, tf.int64)
+        reduce_group = tf.function(
+            lambda grads: mergecomp._reduce_group(0, 0, grads, state, step, communicator))
+        return {"group_s": time_call(lambda: reduce_group(parts), budget_s=budget_s)}
+    except Exception as error:
+        return {"error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:120])}
+
+
 def measure_codec(name, backend, flat, budget_s=10.0):
     """{'encode_s', 'decode_s'} or {'error'} for one codec/backend on `flat`."""
     import tensorflow as tf
@@ -176,12 +208,13 @@ def measure_codec(name, backend, flat, budget_s=10.0):
             "payload_bytes": int(payload.shape[0]) * payload.dtype.size}
 
 
-def run(sizes, algorithms, budget_s=10.0, log=print):
+def run(sizes, algorithms, budget_s=10.0, group_tensors=64, log=print):
     """Returns a result dict: copy bandwidth, per-(algorithm, size) measurements, baselines."""
     import tensorflow as tf
 
     started = time.time()
     result = {"copy_bytes_per_s": copy_bandwidth(), "rows": [], "topk_baseline_s": {},
+              "group_tensors": group_tensors,
               "threads": {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                           "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}}
     result["tf_elementwise_bytes_per_s"] = tf_elementwise_bandwidth()
@@ -196,6 +229,8 @@ def run(sizes, algorithms, budget_s=10.0, log=print):
             row = {"algorithm": name, "n": n}
             for backend in ("op", "reference"):
                 row[backend] = measure_codec(name, backend, flat, budget_s=budget_s)
+            if group_tensors and n >= group_tensors:
+                row["group"] = measure_group(name, flat, group_tensors, budget_s=budget_s)
             log("[ops] n=%d %s: %s" % (n, name, _short(row)))
             result["rows"].append(row)
     result["seconds"] = time.time() - started
@@ -212,6 +247,11 @@ def _short(row):
             parts.append("%s reduce %.4fs" % (backend, m["round_trip_s"]))
         else:
             parts.append("%s enc %.4fs dec %.4fs" % (backend, m["encode_s"], m["decode_s"]))
+    group = row.get("group", {})
+    if "group_s" in group:
+        parts.append("group enc+dec %.4fs" % group["group_s"])
+    elif "error" in group:
+        parts.append("group %s" % group["error"])
     return "; ".join(parts)
 
 
@@ -243,15 +283,35 @@ def target_status(row, copy_bytes_per_s, topk_baseline_s):
     return ""
 
 
+GROUP_COPY_FRACTION = 0.5
+
+
+def group_columns(row, copy_bytes_per_s):
+    """[group enc+dec GB/s, x copy, target note] of a row."""
+    group = row.get("group")
+    if not group:
+        return ["-", "-", ""]
+    if "error" in group:
+        return ["-", "-", "group: " + group["error"]]
+    gbps = _gbps(row["n"], group["group_s"])
+    fraction = gbps * 1e9 / copy_bytes_per_s
+    note = ""
+    if row["n"] >= TARGET_SIZE:
+        note = "group %s (%.2fx copy)" % (
+            "met" if fraction >= GROUP_COPY_FRACTION else "missed", fraction)
+    return [gbps, fraction, note]
+
+
 def table(result):
     from tf_mergecomp.bench import report
 
     copy = result["copy_bytes_per_s"]
     rows = []
     for row in result["rows"]:
+        group_gbps, group_fraction, group_note = group_columns(row, copy)
         op, ref = row["op"], row["reference"]
         if op.get("missing"):
-            rows.append([row["algorithm"], size_text(row["n"])] + ["-"] * 8 + ["module not there yet"])
+            rows.append([row["algorithm"], size_text(row["n"])] + ["-"] * 10 + ["module not there yet"])
             continue
         if "round_trip_s" in op:
             # Encode, both collectives (identity on one worker) and decode in one call.
@@ -259,7 +319,10 @@ def table(result):
             ref_rt = _gbps(row["n"], ref.get("round_trip_s"))
             rows.append([row["algorithm"], size_text(row["n"]), op_rt, ref_rt, report.ratio(op_rt, ref_rt),
                          "-", "-", "-", report.ratio(op_rt * 1e9, copy), "-",
-                         "whole reduce_group() on 1 worker (several collectives): enc columns"])
+                         group_gbps, group_fraction,
+                         "; ".join(filter(None, [
+                             "whole reduce_group() on 1 worker (several collectives): enc columns",
+                             group_note]))])
             continue
         op_enc = _gbps(row["n"], op.get("encode_s"))
         op_dec = _gbps(row["n"], op.get("decode_s"))
@@ -274,11 +337,15 @@ def table(result):
             op_dec, ref_dec, report.ratio(op_dec, ref_dec),
             report.ratio(op_enc * 1e9 if op_enc else None, copy),
             report.ratio(op_dec * 1e9 if op_dec else None, copy),
-            "; ".join([note] + errors if note else errors),
+            group_gbps, group_fraction,
+            "; ".join(filter(None, [note, group_note] + errors)),
         ])
     header = ("Copy bandwidth (numpy copy of 25M float32 into a preallocated array): %.2f GB/s. "
+              "Group: n split into %s float32 tensors, one fused group reduction (encode, "
+              "identity collective, decode, state update) on one worker. "
               "GB/s = input float32 bytes / second; median of repeats; TF threads intra %s / "
-              "inter %s (0 = all cores).\n" % (copy / 1e9, result["threads"]["intra_op"],
+              "inter %s (0 = all cores).\n" % (copy / 1e9, result.get("group_tensors", "-"),
+                                               result["threads"]["intra_op"],
                                                result["threads"]["inter_op"]))
     if result.get("tf_elementwise_bytes_per_s"):
         header += ("A TF elementwise op writing a fresh 25M float32 output (x * 2, the floor of any "
@@ -288,4 +355,5 @@ def table(result):
             size_text(n), seconds, 4.0 * n / seconds / 1e9)
     return header + "\n" + report.markdown_table(
         ["algorithm", "n", "op enc GB/s", "ref enc GB/s", "enc op/ref", "op dec GB/s",
-         "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "target"], rows)
+         "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "group enc+dec GB/s",
+         "group/copy", "target"], rows)

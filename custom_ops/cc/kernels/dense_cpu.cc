@@ -39,7 +39,7 @@ MERGECOMP_AVX2 void AccumulateRowAvx2(const uint8_t* bits, int64_t begin, int64_
 }  // namespace
 
 float* ThreadBlockBuffer(int slot) {
-  thread_local std::unique_ptr<float[]> buffers[3];
+  thread_local std::unique_ptr<float[]> buffers[2];
   if (!buffers[slot]) buffers[slot].reset(new float[kBlockElements]);
   return buffers[slot].get();
 }

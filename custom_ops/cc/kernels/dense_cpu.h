@@ -118,7 +118,7 @@ class ContiguousOutput : public BlockOutput {
 };
 
 // A per-thread buffer of kBlockElements floats: slot 0 for inputs, 1 for
-// outputs, 2 for an output that reads its input back.
+// outputs (an output may read an input block while it holds its own).
 float* ThreadBlockBuffer(int slot);
 
 // Packs IsNonNegative(x[i]) for i in [0, count) into ceil(count / 8) bytes.
