@@ -39,6 +39,18 @@ def test_three_ranks():
     _check_algorithm_results(results, 3)
 
 
+def test_randomk_merged_trains_exactly_as_layerwise():
+    results, _ = horovodrun.run("engine_randomk_merged.py", np=2)
+    for rank in (0, 1):
+        by_partition = {r["partitions"]: r for r in results[rank]}
+        assert set(by_partition) == {"layerwise", 3, 1}
+        for partitions, r in by_partition.items():
+            assert r["moved"] > 0.01, r  # it trained
+            assert r["max_difference"] == 0.0, r
+            assert r["collectives"] == 20 * r["groups"], r
+        assert by_partition[1]["groups"] == 1 and by_partition["layerwise"]["groups"] == 6
+
+
 def test_embedding_unused_variable_batch_norm_and_aggregation_train_under_fit():
     results, _ = horovodrun.run("engine_special_gradients.py", np=2)
     (r0, a0), (r1, a1) = results[0], results[1]
