@@ -86,19 +86,6 @@ void ForEachPartInParallel(OpKernelContext* context, const GroupLayout& layout,
                });
 }
 
-Status ReadGroupCodec(OpKernelConstruction* context, std::unique_ptr<GroupCodec>* codec,
-                      GroupCodecParams* params, DataType* payload_type) {
-  std::string name;
-  TF_RETURN_IF_ERROR(context->GetAttr("codec", &name));
-  *codec = MakeGroupCodec(name);
-  if (*codec == nullptr) {
-    return tensorflow::errors::InvalidArgument("unknown group codec '", name,
-                                               "'; valid choices: ", GroupCodecNames());
-  }
-  TF_RETURN_IF_ERROR(context->GetAttr("payload_type", payload_type));
-  return ReadGroupCodecParams(context, params);
-}
-
 enum class Memory { kNone, kResidual, kMomentum, kDgc };
 
 int StateBuffers(Memory memory) {
@@ -315,7 +302,7 @@ class TensorListOutput : public BlockOutput {
 class GroupEncodeOp : public OpKernel {
  public:
   explicit GroupEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, ReadGroupCodec(context, &codec_, &params_, &payload_type_));
+    OP_REQUIRES_OK(context, ReadGroupCodecAttrs(context, &codec_, &params_, &payload_type_));
     std::string memory;
     OP_REQUIRES_OK(context, context->GetAttr("memory", &memory));
     memory_ = memory == "residual"   ? Memory::kResidual
@@ -445,7 +432,7 @@ class GroupEncodeOp : public OpKernel {
 class GroupDecodeOp : public OpKernel {
  public:
   explicit GroupDecodeOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, ReadGroupCodec(context, &codec_, &params_, &payload_type_));
+    OP_REQUIRES_OK(context, ReadGroupCodecAttrs(context, &codec_, &params_, &payload_type_));
     OP_REQUIRES_OK(context, context->GetAttr("num_rows", &num_rows_));
     OP_REQUIRES_OK(context, context->GetAttr("T", &dtypes_));
     std::vector<tensorflow::PartialTensorShape> shapes;

@@ -135,9 +135,20 @@ struct GroupCodecRegistrar {
       name, [] { return std::unique_ptr<::tf_mergecomp::GroupCodec>(new Codec()); })
 
 // Reads the codec attributes of the group ops (OpKernelConstruction or the
-// shape function's InferenceContext) into params.
+// shape function's InferenceContext): the codec, its parameters and the
+// payload's dtype.
 template <typename AttrSource>
-tensorflow::Status ReadGroupCodecParams(AttrSource* source, GroupCodecParams* params) {
+tensorflow::Status ReadGroupCodecAttrs(AttrSource* source, std::unique_ptr<GroupCodec>* codec,
+                                       GroupCodecParams* params,
+                                       tensorflow::DataType* payload_type) {
+  std::string name;
+  TF_RETURN_IF_ERROR(source->GetAttr("codec", &name));
+  *codec = MakeGroupCodec(name);
+  if (*codec == nullptr) {
+    return tensorflow::errors::InvalidArgument("unknown group codec '", name,
+                                               "'; valid choices: ", GroupCodecNames());
+  }
+  TF_RETURN_IF_ERROR(source->GetAttr("payload_type", payload_type));
   TF_RETURN_IF_ERROR(source->GetAttr("levels", &params->levels));
   TF_RETURN_IF_ERROR(source->GetAttr("k", &params->k));
   TF_RETURN_IF_ERROR(source->GetAttr("tensor_k", &params->tensor_k));

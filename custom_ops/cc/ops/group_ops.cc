@@ -25,27 +25,12 @@ using tensorflow::shape_inference::ShapeHandle;
       .Attr("sample_size: int = 0")                        \
       .Attr("scale: bool = false")
 
-tensorflow::Status CodecFromAttrs(InferenceContext* c, std::unique_ptr<GroupCodec>* codec,
-                                  GroupCodecParams* params, int64_t* payload_element_bytes) {
-  std::string name;
-  TF_RETURN_IF_ERROR(c->GetAttr("codec", &name));
-  *codec = MakeGroupCodec(name);
-  if (*codec == nullptr) {
-    return tensorflow::errors::InvalidArgument("unknown group codec '", name,
-                                               "'; valid choices: ", GroupCodecNames());
-  }
-  TF_RETURN_IF_ERROR(ReadGroupCodecParams(c, params));
-  tensorflow::DataType payload_type;
-  TF_RETURN_IF_ERROR(c->GetAttr("payload_type", &payload_type));
-  *payload_element_bytes = tensorflow::DataTypeSize(payload_type);
-  return tensorflow::OkStatus();
-}
-
 tensorflow::Status EncodeShape(InferenceContext* c) {
   std::unique_ptr<GroupCodec> codec;
   GroupCodecParams params;
-  int64_t element_bytes;
-  TF_RETURN_IF_ERROR(CodecFromAttrs(c, &codec, &params, &element_bytes));
+  tensorflow::DataType payload_type;
+  TF_RETURN_IF_ERROR(ReadGroupCodecAttrs(c, &codec, &params, &payload_type));
+  const int64_t element_bytes = tensorflow::DataTypeSize(payload_type);
   std::vector<int64_t> sizes;
   std::vector<tensorflow::DataType> dtypes;
   TF_RETURN_IF_ERROR(c->GetAttr("T", &dtypes));
