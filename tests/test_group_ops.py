@@ -83,6 +83,27 @@ def test_fused_group_matches_the_plain_tf_group_bit_for_bit(name):
     assert [o.dtype for o in outputs] == [d.as_numpy_dtype for d in DTYPES]
 
 
+@pytest.mark.parametrize("name", ["topk", "dgc", "randomk"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+@pytest.mark.parametrize("memory", [None, "none"])
+def test_sparse_group_of_one_tensor_matches_the_plain_tf_group(name, dtype, memory):
+    """A one-tensor group is selected from in place (state or gradient) when it
+    is float32, else from a converted copy: both as the plain-TF path."""
+    extra = {} if memory is None else {"memory": memory}
+    shapes, dtypes = [(50, 7)], [dtype]
+    runs = []
+    for backend in ("op", "reference"):
+        mergecomps = [MergeComp(compressors.get(name, backend=backend, **PARAMS[name]),
+                                partitions=1, **extra) for _ in range(2)]
+        runs.append(run_group(mergecomps, FakeWorld(2), 2, shapes, dtypes))
+    (fused_history, fused_state), (ref_history, ref_state) = runs
+    for step in range(2):
+        for rank in range(2):
+            assert_same(fused_history[step][rank], ref_history[step][rank], (name, step, rank))
+    for rank in range(2):
+        assert_same(fused_state[rank], ref_state[rank], (name, "state", rank))
+
+
 def test_randomk_merged_draws_what_each_tensor_draws_alone():
     """A merged random-k group sends, per tensor, the positions the layer-wise
     groups send: merging changes the collectives, not the samples."""

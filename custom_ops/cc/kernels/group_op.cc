@@ -369,14 +369,19 @@ class GroupEncodeOp : public OpKernel {
   Status EncodeEntries(OpKernelContext* context, const GroupLayout& layout,
                        const tensorflow::OpInputList& gradients, const LockedStateVariables& state,
                        int64_t seed, uint8_t* payload, int32_t* codec_context) const {
-    const float* group = nullptr;
+    // A single tensor whose compensated values are (or, after the pass below,
+    // will be) a float32 array is selected from in place; otherwise the
+    // compensation pass also writes the group into one array.
+    const float* in_place =
+        layout.num_tensors() == 1
+            ? CompensatedInState(memory_, gradients[0], state.buffer(0), layout.size(0))
+            : nullptr;
     Tensor storage;
     float* copy = nullptr;
-    if (layout.num_tensors() > 1) {
+    if (in_place == nullptr) {
       TF_RETURN_IF_ERROR(
           context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({layout.total()}), &storage));
       copy = storage.flat<float>().data();
-      group = copy;
     }
     if (copy != nullptr || memory_ != Memory::kNone) {
       ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
@@ -389,20 +394,7 @@ class GroupEncodeOp : public OpKernel {
         });
       });
     }
-    if (group == nullptr) {
-      group = CompensatedInState(memory_, gradients[0], state.buffer(0), layout.size(0));
-    }
-    if (group == nullptr) {  // one tensor of another dtype, memory none
-      TF_RETURN_IF_ERROR(
-          context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({layout.total()}), &storage));
-      copy = storage.flat<float>().data();
-      DispatchFloatType(gradients[0].dtype(), [&](auto type_tag) {
-        using T = decltype(type_tag);
-        const T* g = static_cast<const T*>(gradients[0].data());
-        for (int64_t j = 0; j < layout.total(); ++j) copy[j] = static_cast<float>(g[j]);
-      });
-      group = copy;
-    }
+    const float* group = in_place != nullptr ? in_place : copy;
     TF_RETURN_IF_ERROR(codec_->Encode(context, ContiguousInput(group), layout, params_, seed,
                                       payload, codec_context));
     if (memory_ != Memory::kResidual && memory_ != Memory::kDgc) return tensorflow::OkStatus();

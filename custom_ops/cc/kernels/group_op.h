@@ -40,11 +40,11 @@ class GroupLayout {
   int64_t offset(int64_t i) const { return offsets_[i]; }
   int64_t size(int64_t i) const { return offsets_[i + 1] - offsets_[i]; }
 
-  // Calls fn(tensor, begin, end) for each tensor's part of the flat range
-  // [flat_begin, flat_end), with begin/end local to the tensor.
   // The tensor holding flat index flat_index (for flat_index < total()).
   int64_t TensorAt(int64_t flat_index) const;
 
+  // Calls fn(tensor, begin, end) for each tensor's part of the flat range
+  // [flat_begin, flat_end), with begin/end local to the tensor.
   template <typename Fn>
   void ForEachPart(int64_t flat_begin, int64_t flat_end, const Fn& fn) const {
     int64_t i = TensorAt(flat_begin);
