@@ -48,7 +48,7 @@ def run_group(mergecomps, world, steps, shapes=SHAPES, dtypes=DTYPES):
             grads = make_grads(rank, step, shapes, dtypes)
             mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
             state = mc._state_variables()
-            out = mc._reduce_group(0, 0, grads, state, tf.constant(step, tf.int64), comm)
+            out, _ = mc._reduce_group(0, 0, grads, state, tf.constant(step, tf.int64), comm)
             return [o.numpy() for o in out]
         history.append(world.run(one_rank))
     states = [[v.numpy() for v in mc._state_variables()] for mc in mergecomps]
@@ -119,7 +119,7 @@ def test_randomk_merged_draws_what_each_tensor_draws_alone():
         for index, (start, end) in enumerate(_bounds(mc.splits, len(grads))):
             out += FakeWorld(1).run(lambda rank, comm: mc._reduce_group(
                 index, start, grads[start:end], state[start:end], tf.constant(5, tf.int64),
-                comm))[0]
+                comm)[0])[0]
         return [o.numpy() for o in out]
 
     merged, layerwise = reduce_with(1), reduce_with("layerwise")
@@ -146,7 +146,7 @@ def _traced_op_count(name, tensors):
 
     @tf.function
     def group(grads):
-        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)
+        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)[0]
 
     specs = [tf.TensorSpec(s, tf.float32) for s in shapes]
     return len(group.get_concrete_function(specs).graph.get_operations())

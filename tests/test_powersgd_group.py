@@ -46,7 +46,7 @@ def run_steps(mergecomps, world, steps, grads_fn=make_grads, first_step=0):
             out = []
             for index, (start, end) in enumerate(grouping.group_bounds(mc.splits, len(grads))):
                 out += mc._reduce_group(index, start, grads[start:end], state[start:end],
-                                        tf.constant(step, tf.int64), comm)
+                                        tf.constant(step, tf.int64), comm)[0]
             return [o.numpy() for o in out]
         history.append(world.run(one_rank))
     states = [[v.numpy() for v in mc._state_variables()] for mc in mergecomps]
@@ -272,7 +272,7 @@ def test_state_checkpoints_and_runs_in_tf_function(tmp_path):
 
     @tf.function
     def step(grads):
-        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)
+        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)[0]
 
     first = step(grads)
     step(grads)

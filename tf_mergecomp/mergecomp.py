@@ -60,6 +60,7 @@ _STEP_SHIFT = 24
 _TENSOR_SHIFT = compressors.TENSOR_SEED_SHIFT
 _TENSOR_LIMIT = 1 << (_STEP_SHIFT - _TENSOR_SHIFT)
 _USER_SEED_SHIFT = 48
+NONFINITE_CHOICES = ("propagate", "raise")
 
 
 class _Layout:
@@ -90,11 +91,18 @@ class MergeComp(tf.Module):
         split indices, ``"layerwise"`` (one group per tensor), 1 (whole model),
         or None (2 balanced groups until a partition search fixes it).
       seed: user part of the seed of every random draw.
+      nonfinite: what a gradient tensor holding an inf or a NaN does.
+        ``"propagate"`` (default): it comes out all NaN on every rank (so a
+        loss-scale optimizer skips the step everywhere), the other tensors are
+        reduced as usual, and the compression state of its group, and the
+        step, stay exactly as they were on the rank that held it.
+        ``"raise"``: the same, then every rank raises ``InvalidArgumentError``
+        naming the tensors, after the step's collectives (so no rank waits).
       **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
     """
 
-    def __init__(self, compressor, memory=None, partitions=None, seed=0, name="mergecomp",
-                 **compressor_params):
+    def __init__(self, compressor, memory=None, partitions=None, seed=0, nonfinite="propagate",
+                 name="mergecomp", **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
         if memory is None:
@@ -106,6 +114,10 @@ class MergeComp(tf.Module):
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**14:
             raise ValueError("seed must be an integer in [0, 16384), got %r" % (seed,))
         self.seed = int(seed)
+        if nonfinite not in NONFINITE_CHOICES:
+            raise ValueError("nonfinite must be one of %s, got %r"
+                             % (", ".join(NONFINITE_CHOICES), nonfinite))
+        self.nonfinite = nonfinite
         self._partition_spec = grouping.check_partition_spec(partitions)
         self._splits = None
         self.partition_version = 0
@@ -187,24 +199,27 @@ class MergeComp(tf.Module):
             )
         scale_by_size = op == hvd.Sum
 
-        def reduce_in_graph(grads):
+        def reduce_in_graph(grads, names):
             communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
             with tf.device(device_dense or None):
-                return self._reduce(grads, communicator, scale_by_size)
+                return self._reduce(grads, communicator, scale_by_size, names)
 
         def allreduce_grads(grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's names)
             # Groups are formed from the gradients alone, and their collectives
-            # are named by group, identically on every rank.
-            del vars, use_generic_names
+            # are named by group, identically on every rank. The variables'
+            # names only label non-finite gradients in errors.
+            del use_generic_names
             grads = list(grads)
+            names = _tensor_names(grads, vars)
             if not tf.executing_eagerly():
-                return reduce_in_graph(grads)
+                return reduce_in_graph(grads, names)
             if self._eager_reduce is None:
                 # A new tf.function per partition version, so a changed
                 # partition is traced afresh.
                 self._eager_reduce = tf.function(reduce_in_graph)
             present = [i for i, g in enumerate(grads) if g is not None]
-            reduced = self._eager_reduce([grads[i] for i in present])
+            reduced = self._eager_reduce([grads[i] for i in present],
+                                         tuple(names[i] for i in present))
             out = [None] * len(grads)
             for i, r in zip(present, reduced):
                 out[i] = r
@@ -212,7 +227,7 @@ class MergeComp(tf.Module):
 
         return allreduce_grads
 
-    def _reduce(self, grads, communicator, scale_by_size):
+    def _reduce(self, grads, communicator, scale_by_size, names):
         present = [i for i, g in enumerate(grads) if g is not None]
         # Gradients of the last layers are ready first: reverse the list.
         order = present[::-1]
@@ -228,17 +243,24 @@ class MergeComp(tf.Module):
         state = self._state_variables()
         step = self.step.read_value()
         reduced = [None] * len(order)
+        nonfinite = []
         with tf.control_dependencies(guards):
             for index, (start, end) in enumerate(grouping.group_bounds(splits, len(order))):
                 with tf.name_scope("mergecomp_group%d" % index):
-                    outputs = self._reduce_group(
+                    outputs, flags = self._reduce_group(
                         index, start, dense[start:end], state[start:end] if state else [],
                         step, communicator,
                     )
                     if scale_by_size:
                         outputs = [o * communicator.size for o in outputs]
                     reduced[start:end] = outputs
-        self.step.assign_add(1)
+                    nonfinite.append(flags)
+        nonfinite = tf.concat(nonfinite, 0) if len(nonfinite) > 1 else nonfinite[0]
+        # A step with a non-finite gradient on any rank does not count, so
+        # every rank keeps drawing what it would have drawn without it.
+        self.step.assign_add(1 - tf.cast(tf.reduce_any(nonfinite > 0), tf.int64))
+        if self.nonfinite == "raise":
+            reduced = _raise_if_nonfinite(reduced, nonfinite, [names[i] for i in order])
         out = [None] * len(grads)
         for position, i in enumerate(order):
             out[i] = reduced[position]
@@ -250,6 +272,8 @@ class MergeComp(tf.Module):
         return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
 
     def _reduce_group(self, index, start, grads, state_vars, step, communicator):
+        """The group's reduced gradients and an int32 vector, 1 for each tensor
+        that some rank held non-finite (its output is then all NaN)."""
         seed = self._group_seed(step, start, communicator)
         key = (index, sum(self._layout.sizes[start:start + len(grads)]))
         if self.compressor.reduces_own_groups:
@@ -271,28 +295,39 @@ class MergeComp(tf.Module):
             collected, rows = communicator.allreduce_mean(payload, key), 1
         else:
             collected, rows = communicator.allgather(payload, key), communicator.size
-        return ops.mergecomp_group_decode(
+        outputs, nonfinite = ops.mergecomp_group_decode(
             collected, codec_context, T=[g.dtype for g in grads], shapes=[g.shape for g in grads],
             num_rows=rows, **codec_attrs)
+        return outputs, nonfinite
 
     def _reduce_group_reference(self, grads, state_vars, seed, communicator, key):
-        """The plain-TF group: flatten, compensate, compress, decode, update, split."""
+        """The plain-TF group: flatten, compensate, compress, decode, update, split,
+        with the fused ops' handling of non-finite tensors."""
         sizes = [g.shape.num_elements() for g in grads]
-        flat = grouping.flatten(grads)
-        state = {
+        local_nonfinite = tf.stack([tf.logical_not(tf.reduce_all(tf.math.is_finite(g)))
+                                    for g in grads])
+        flat = grouping.flatten([tf.where(local_nonfinite[i], tf.zeros_like(g), g)
+                                 for i, g in enumerate(grads)])
+        old_state = {
             name: grouping.flatten([v[b * n:(b + 1) * n] for v, n in zip(state_vars, sizes)])
             for b, name in enumerate(self.memory.state_names)
         }
-        compensated, state = self.memory.compensate(flat, state)
-        averaged, sent = self.compressor.reduce(compensated, seed, communicator, key, sizes=sizes)
+        compensated, state = self.memory.compensate(flat, old_state)
+        averaged, sent, marked = self.compressor.reduce(compensated, seed, communicator, key,
+                                                        sizes=sizes, nonfinite=local_nonfinite)
         if self.memory.needs_sent:
             state = self.memory.update(compensated, sent(), state)
         if state:
+            keep = tf.reduce_any(local_nonfinite)
+            state = {name: tf.where(keep, old_state[name], state[name]) for name in state}
             per_name = [tf.split(state[name], sizes) if len(sizes) > 1 else [state[name]]
                         for name in self.memory.state_names]
             for variable, buffers in zip(state_vars, zip(*per_name)):
                 variable.assign(tf.concat(buffers, 0) if len(buffers) > 1 else buffers[0])
-        return grouping.unflatten(averaged, [g.shape for g in grads], [g.dtype for g in grads])
+        outputs = grouping.unflatten(averaged, [g.shape for g in grads], [g.dtype for g in grads])
+        outputs = [tf.where(marked[i], tf.fill(tf.shape(o), tf.constant(float("nan"), o.dtype)), o)
+                   for i, o in enumerate(outputs)]
+        return outputs, tf.cast(marked, tf.int32)
 
     # ---- layout and state ----------------------------------------------------------
 
@@ -334,6 +369,26 @@ class MergeComp(tf.Module):
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)
+
+
+def _tensor_names(grads, variables):
+    """A label per gradient: its variable's name when Horovod passes the variables."""
+    if variables is not None and len(variables) == len(grads):
+        return [getattr(v, "name", "gradient %d" % i) for i, v in enumerate(variables)]
+    return ["gradient %d" % i for i in range(len(grads))]
+
+
+def _raise_if_nonfinite(reduced, nonfinite, names):
+    """The reduced gradients, made to wait for a check that fails on every rank
+    alike (all ranks have the same flags) once all collectives are done."""
+    labels = tf.constant(names)
+    check = tf.debugging.Assert(
+        tf.reduce_all(nonfinite == 0),
+        ["tf_mergecomp: non-finite gradient (inf or NaN) on some rank for:",
+         tf.boolean_mask(labels, nonfinite > 0)],
+        summarize=len(names))
+    with tf.control_dependencies([check]):
+        return [tf.identity(r) for r in reduced]
 
 
 def _densify(grad):

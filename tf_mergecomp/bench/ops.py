@@ -150,7 +150,7 @@ def _measure_round_trip(codec, flat, seed, budget_s):
         initial.append(codec_state)
     state = [tf.Variable(tf.concat(initial, 0), trainable=False)]
     round_trip = tf.function(
-        lambda x, s: codec.reduce_group([x], state, memory, s, communicator, (0, n))[0])
+        lambda x, s: codec.reduce_group([x], state, memory, s, communicator, (0, n))[0][0])
     seconds = time_call(lambda: round_trip(matrix, seed), budget_s=budget_s)
     return {"round_trip_s": seconds}
 

@@ -132,21 +132,33 @@ class Compressor:
         del sizes
         return self.compress(flat, seed)
 
-    def reduce(self, flat, seed, communicator, group, sizes=None):
+    def reduce(self, flat, seed, communicator, group, sizes=None, nonfinite=None):
         """Runs compress, the collective and combine for one group.
 
         ``group`` is a hashable key of the group (index and size), for codecs
         that keep per-group state; ``sizes`` the element counts of the group's
         tensors (None: one tensor). Returns (averaged, sent) where ``sent`` is
         a zero-argument callable giving this worker's decoded contribution.
+
+        ``nonfinite`` (a bool vector, one per tensor) travels after the payload
+        as the fused group ops send it (one marker element per tensor); then a
+        third value is returned: which tensors any worker marked.
         """
         payload, ctx = self.compress_group(flat, seed, sizes)
+        wire = payload if nonfinite is None else tf.concat(
+            [payload, tf.cast(nonfinite, payload.dtype)], 0)
         if self.collective == ALLREDUCE:
-            collected = communicator.allreduce_mean(payload, group)
+            collected = communicator.allreduce_mean(wire, group)
         else:
-            collected = communicator.allgather(payload, group)
-        averaged = self.combine(collected, ctx, communicator.size)
-        return averaged, lambda: self.decompress(payload, ctx)
+            collected = communicator.allgather(wire, group)
+        if nonfinite is None:
+            averaged = self.combine(collected, ctx, communicator.size)
+            return averaged, lambda: self.decompress(payload, ctx)
+        count = int(nonfinite.shape[0])
+        rows = tf.reshape(collected, [-1, int(payload.shape[0]) + count])
+        marked = tf.reduce_any(rows[:, -count:] > tf.zeros([], rows.dtype), axis=0)
+        averaged = self.combine(tf.reshape(rows[:, :-count], [-1]), ctx, communicator.size)
+        return averaged, lambda: self.decompress(payload, ctx), marked
 
     def collectives_per_group(self):
         return 1

@@ -181,10 +181,12 @@ class PowerSGDCompressor(Compressor):
         raise self._flat_path_error()
 
     def reduce_group(self, grads, state_vars, memory, seed, communicator, key):
-        """The group's averaged gradients (shapes and dtypes of ``grads``);
-        state_vars: the engine's variable of each tensor, [memory buffers, Q_i]
-        ([] when no tensor keeps state). ``seed`` is unused: nothing is drawn
-        after Q's initialisation."""
+        """The group's averaged gradients (shapes and dtypes of ``grads``) and an
+        int32 flag per tensor: 1 where some worker's tensor was not finite (its
+        averaged P_i then is not either, on every worker): that output is all
+        NaN and its residual and Q stay as they were. state_vars: the engine's
+        variable of each tensor, [memory buffers, Q_i] ([] when no tensor keeps
+        state). ``seed`` is unused: nothing is drawn after Q's initialisation."""
         del seed
         for g in grads:
             self.matrix_view(g.shape)  # static shapes, or a clear error
@@ -237,7 +239,7 @@ class PowerSGDCompressor(Compressor):
         q_means = [tf.reshape(part, [v.cols, v.rank])
                    for part, v in zip(_split(q_mean, [v.cols * v.rank for v in low_rank]), low_rank)]
 
-        outputs = []
+        outputs, flags = [], []
         matrix_index = raw_index = 0
         for i, (g, view) in enumerate(zip(grads, views)):
             state = memory_states[i]
@@ -250,9 +252,17 @@ class PowerSGDCompressor(Compressor):
                 sent = tf.reshape(tf.linalg.matmul(p, q_locals[j], transpose_b=True), [-1])
                 new_q = [tf.reshape(q_means[j], [-1])]
                 matrix_index += 1
+            nonfinite = tf.logical_not(tf.reduce_all(tf.math.is_finite(averaged)))
+            if view is not None:
+                nonfinite = tf.logical_or(
+                    nonfinite, tf.logical_not(tf.reduce_all(tf.math.is_finite(q_means[j]))))
+            averaged = tf.where(nonfinite, tf.fill(tf.shape(averaged), float("nan")), averaged)
             outputs.append(tf.cast(tf.reshape(averaged, g.shape), g.dtype))
+            flags.append(nonfinite)
             if memory.needs_sent:
                 state = memory.update(compensated[i], sent, state)
             if state_vars:
-                state_vars[i].assign(_concat([state[name] for name in names] + new_q))
-        return outputs
+                variable = state_vars[i]
+                variable.assign(tf.where(nonfinite, variable,
+                                         _concat([state[name] for name in names] + new_q)))
+        return outputs, tf.cast(tf.stack(flags), tf.int32)

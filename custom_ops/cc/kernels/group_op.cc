@@ -3,6 +3,8 @@
 #include "cc/kernels/group_op.h"
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
 #include <cstring>
 #include <map>
 
@@ -154,7 +156,7 @@ const float* CompensatedInState(Memory memory, const Tensor& gradient, float* st
 // block from one thread at a time, so the per-block flags need no lock.
 class CompensatedInput : public BlockInput {
  public:
-  CompensatedInput(const GroupLayout& layout, const tensorflow::OpInputList& gradients,
+  CompensatedInput(const GroupLayout& layout, const std::vector<Tensor>& gradients,
                    Memory memory, float decay, float gradient_scale, const LockedStateVariables& state)
       : layout_(layout), gradients_(gradients), memory_(memory), decay_(decay),
         gradient_scale_(gradient_scale), state_(state),
@@ -215,7 +217,7 @@ class CompensatedInput : public BlockInput {
   }
 
   const GroupLayout& layout_;
-  const tensorflow::OpInputList& gradients_;
+  const std::vector<Tensor>& gradients_;
   Memory memory_;
   float decay_;
   float gradient_scale_;
@@ -299,6 +301,94 @@ class TensorListOutput : public BlockOutput {
   const std::vector<Tensor*>& tensors_;
 };
 
+// Non-finite gradients. A tensor holding an inf or a NaN on this worker is
+// encoded as zeros and the group's state is left exactly as it was; one
+// marker element per tensor after the codec's payload says which tensors
+// were not finite (0 or 1; after an allreduce their mean, still > 0 where any
+// worker marked). The decoder fills every tensor that any worker marked with
+// NaN and reports it, so all workers see the same non-finite gradients (a
+// loss-scale optimizer then skips the step on every worker) and nothing
+// non-finite reaches a residual or a momentum.
+
+// The exponent bits of a float type: all set means inf or NaN.
+template <typename T> struct ExponentBits;
+template <> struct ExponentBits<Eigen::half> {
+  using Bits = uint16_t;
+  static constexpr Bits kMask = 0x7c00;
+};
+template <> struct ExponentBits<Eigen::bfloat16> {
+  using Bits = uint16_t;
+  static constexpr Bits kMask = 0x7f80;
+};
+template <> struct ExponentBits<float> {
+  using Bits = uint32_t;
+  static constexpr Bits kMask = 0x7f800000u;
+};
+template <> struct ExponentBits<double> {
+  using Bits = uint64_t;
+  static constexpr Bits kMask = 0x7ff0000000000000ull;
+};
+
+// False when values[begin, end) holds an inf or a NaN. A max over the masked
+// exponents (it reaches the mask only there) vectorises, unlike std::isfinite.
+template <typename T>
+bool AllFinite(const T* values, int64_t begin, int64_t end) {
+  using Bits = typename ExponentBits<T>::Bits;
+  constexpr Bits kMask = ExponentBits<T>::kMask;
+  const auto* bits = reinterpret_cast<const Bits*>(values);
+  Bits largest = 0;
+  for (int64_t j = begin; j < end; ++j) largest = std::max<Bits>(largest, bits[j] & kMask);
+  return largest != kMask;
+}
+
+// 1 for each tensor of the group holding an inf or a NaN, else 0.
+std::vector<uint8_t> NonFiniteTensors(OpKernelContext* context, const GroupLayout& layout,
+                                      const std::vector<Tensor>& gradients) {
+  std::vector<std::atomic<uint8_t>> found(layout.num_tensors());
+  for (auto& flag : found) flag.store(0, std::memory_order_relaxed);
+  ForEachPartInParallel(context, layout, 1, [&](int64_t i, int64_t begin, int64_t end) {
+    DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
+      using T = decltype(type_tag);
+      if (!AllFinite(static_cast<const T*>(gradients[i].data()), begin, end)) {
+        found[i].store(1, std::memory_order_relaxed);
+      }
+    });
+  });
+  std::vector<uint8_t> flags(found.size());
+  for (size_t i = 0; i < found.size(); ++i) flags[i] = found[i].load(std::memory_order_relaxed);
+  return flags;
+}
+
+// Writes the markers (0 or 1 per tensor) as payload elements of `type`.
+void WriteMarkers(DataType type, const std::vector<uint8_t>& nonfinite, uint8_t* markers) {
+  for (size_t i = 0; i < nonfinite.size(); ++i) {
+    switch (type) {
+      case tensorflow::DT_HALF:
+        reinterpret_cast<Eigen::half*>(markers)[i] = Eigen::half(nonfinite[i] ? 1.0f : 0.0f);
+        break;
+      case tensorflow::DT_FLOAT:
+        reinterpret_cast<float*>(markers)[i] = nonfinite[i] ? 1.0f : 0.0f;
+        break;
+      default: markers[i] = nonfinite[i]; break;
+    }
+  }
+}
+
+// True when marker i of a row (or of the averaged row) is set.
+bool MarkerSet(DataType type, const uint8_t* markers, int64_t i) {
+  switch (type) {
+    case tensorflow::DT_HALF:
+      return static_cast<float>(reinterpret_cast<const Eigen::half*>(markers)[i]) != 0.0f;
+    case tensorflow::DT_FLOAT: return reinterpret_cast<const float*>(markers)[i] != 0.0f;
+    default: return markers[i] != 0;
+  }
+}
+
+// Bytes of the markers after the codec's payload in each row.
+int64_t MarkerBytes(DataType payload_type, const GroupLayout& layout) {
+  return layout.num_tensors() * tensorflow::DataTypeSize(payload_type);
+}
+
 class GroupEncodeOp : public OpKernel {
  public:
   explicit GroupEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -334,10 +424,13 @@ class GroupEncodeOp : public OpKernel {
                                           /*exclusive=*/true));
 
     const int64_t payload_bytes = codec_->PayloadBytes(layout, params_);
+    const int64_t element_bytes = tensorflow::DataTypeSize(payload_type_);
     Tensor* payload_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                0, TensorShape({payload_bytes / tensorflow::DataTypeSize(payload_type_)}),
-                                &payload_tensor));
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(
+                       0, TensorShape({(payload_bytes + MarkerBytes(payload_type_, layout)) /
+                                       element_bytes}),
+                       &payload_tensor));
     Tensor* context_tensor = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 1, TensorShape({codec_->ContextSize(layout, params_)}),
@@ -345,29 +438,57 @@ class GroupEncodeOp : public OpKernel {
     auto* payload = static_cast<uint8_t*>(payload_tensor->data());
     int32_t* codec_context = context_tensor->flat<int32_t>().data();
 
-    if (codec_->SendsEntries()) {
-      OP_REQUIRES_OK(context, EncodeEntries(context, layout, gradients, state, seed, payload,
-                                            codec_context));
+    std::vector<Tensor> inputs;
+    for (int i = 0; i < gradients.size(); ++i) inputs.push_back(gradients[i]);
+    const std::vector<uint8_t> nonfinite = NonFiniteTensors(context, layout, inputs);
+    WriteMarkers(payload_type_, nonfinite, payload + payload_bytes);
+    if (std::find(nonfinite.begin(), nonfinite.end(), 1) == nonfinite.end()) {
+      OP_REQUIRES_OK(context, Encode(context, layout, inputs, state, seed, payload, codec_context));
       return;
     }
-    const CompensatedInput compensated(layout, gradients, memory_, decay_, gradient_scale_, state);
-    OP_REQUIRES_OK(context, codec_->Encode(context, compensated, layout, params_, seed, payload,
-                                           codec_context));
-    compensated.CompensateRest(context);
-    if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
-      const StateUpdateOutput update(layout, compensated, memory_, state);
-      OP_REQUIRES_OK(context,
-                     codec_->Decode(context, payload, 1, codec_context, layout, params_, update));
+    // Rare: encode with the non-finite tensors as zeros, then put the state back.
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      if (!nonfinite[i]) continue;
+      Tensor zeros;
+      OP_REQUIRES_OK(context, context->allocate_temp(inputs[i].dtype(), inputs[i].shape(), &zeros));
+      memset(zeros.data(), 0, zeros.TotalBytes());
+      inputs[i] = zeros;
+    }
+    std::vector<std::vector<float>> saved(state_sizes.size());
+    for (size_t i = 0; i < state_sizes.size(); ++i) {
+      saved[i].assign(state.buffer(i), state.buffer(i) + state_sizes[i]);
+    }
+    OP_REQUIRES_OK(context, Encode(context, layout, inputs, state, seed, payload, codec_context));
+    for (size_t i = 0; i < state_sizes.size(); ++i) {
+      std::copy(saved[i].begin(), saved[i].end(), state.buffer(i));
     }
   }
 
  private:
+  Status Encode(OpKernelContext* context, const GroupLayout& layout,
+                const std::vector<Tensor>& gradients, const LockedStateVariables& state,
+                int64_t seed, uint8_t* payload, int32_t* codec_context) const {
+    if (codec_->SendsEntries()) {
+      return EncodeEntries(context, layout, gradients, state, seed, payload, codec_context);
+    }
+    const CompensatedInput compensated(layout, gradients, memory_, decay_, gradient_scale_, state);
+    TF_RETURN_IF_ERROR(
+        codec_->Encode(context, compensated, layout, params_, seed, payload, codec_context));
+    compensated.CompensateRest(context);
+    if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
+      const StateUpdateOutput update(layout, compensated, memory_, state);
+      TF_RETURN_IF_ERROR(
+          codec_->Decode(context, payload, 1, codec_context, layout, params_, update));
+    }
+    return tensorflow::OkStatus();
+  }
+
   // The sparse codecs: one pass compensates into the state and, for a group
   // of several tensors, into one array the codec selects from; the state is
   // then corrected at the sent entries only (e <- p - sent; dgc: v <- p -
   // sent, u masked where something non-zero was sent).
   Status EncodeEntries(OpKernelContext* context, const GroupLayout& layout,
-                       const tensorflow::OpInputList& gradients, const LockedStateVariables& state,
+                       const std::vector<Tensor>& gradients, const LockedStateVariables& state,
                        int64_t seed, uint8_t* payload, int32_t* codec_context) const {
     // A single tensor whose compensated values are (or, after the pass below,
     // will be) a float32 array is selected from in place; otherwise the
@@ -446,7 +567,8 @@ class GroupDecodeOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& rows = context->input(0);
     const Tensor& context_tensor = context->input(1);
-    const int64_t row_bytes = codec_->PayloadBytes(layout_, params_);
+    const int64_t payload_bytes = codec_->PayloadBytes(layout_, params_);
+    const int64_t row_bytes = payload_bytes + MarkerBytes(payload_type_, layout_);
     OP_REQUIRES(context, rows.TotalBytes() == static_cast<size_t>(num_rows_ * row_bytes),
                 tensorflow::errors::InvalidArgument(
                     "the collected payloads hold ", rows.TotalBytes(), " bytes; expected ",
@@ -461,10 +583,44 @@ class GroupDecodeOp : public OpKernel {
     for (size_t i = 0; i < shapes_.size(); ++i) {
       OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &tensors[i]));
     }
+    Tensor* nonfinite_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output("nonfinite", TensorShape({layout_.num_tensors()}),
+                                                     &nonfinite_tensor));
+    auto nonfinite = nonfinite_tensor->flat<int32_t>();
+    const auto* collected = static_cast<const uint8_t*>(rows.data());
+    for (int64_t i = 0; i < layout_.num_tensors(); ++i) {
+      nonfinite(i) = 0;
+      for (int64_t row = 0; row < num_rows_; ++row) {
+        if (MarkerSet(payload_type_, collected + row * row_bytes + payload_bytes, i)) nonfinite(i) = 1;
+      }
+    }
+
+    // The codecs read rows of payload_bytes back to back: gathered rows lose
+    // their markers in a copy (of compressed payloads: small next to the output).
+    Tensor packed;
+    if (num_rows_ > 1) {
+      OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DT_UINT8,
+                                                     TensorShape({num_rows_ * payload_bytes}),
+                                                     &packed));
+      auto* destination = static_cast<uint8_t*>(packed.data());
+      for (int64_t row = 0; row < num_rows_; ++row) {
+        memcpy(destination + row * payload_bytes, collected + row * row_bytes, payload_bytes);
+      }
+      collected = destination;
+    }
     const TensorListOutput output(layout_, tensors);
-    OP_REQUIRES_OK(context, codec_->Decode(context, static_cast<const uint8_t*>(rows.data()),
-                                           num_rows_, context_tensor.flat<int32_t>().data(),
-                                           layout_, params_, output));
+    OP_REQUIRES_OK(context, codec_->Decode(context, collected, num_rows_,
+                                           context_tensor.flat<int32_t>().data(), layout_,
+                                           params_, output));
+    for (int64_t i = 0; i < layout_.num_tensors(); ++i) {
+      if (!nonfinite(i)) continue;
+      DispatchFloatType(tensors[i]->dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* values = static_cast<T*>(tensors[i]->data());
+        std::fill(values, values + layout_.size(i),
+                  static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
+      });
+    }
   }
 
  private:

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -124,6 +125,13 @@ void Orthonormalize(float* p, int64_t rows, int64_t rank) {
     const float scale = norm > kPowersgdMinNorm ? static_cast<float>(1.0 / norm) : 0.0f;
     for (int64_t i = 0; i < rows; ++i) p[i * rank + j] *= scale;
   }
+}
+
+bool AllFiniteFloats(const float* values, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) {
+    if (!std::isfinite(values[j])) return false;
+  }
+  return true;
 }
 
 // Locks the group's state variables (powersgd_op.h's layout); the engine
@@ -330,6 +338,22 @@ class PowersgdGroupFinishOp : public OpKernel {
     const float* q_mean = q_mean_tensor.flat<float>().data();
     const float* m = m_tensor.flat<float>().data();
 
+    // A tensor that some worker could not send finitely has a non-finite
+    // averaged P_i (or Qmean_i), the same on every worker: its output is all
+    // NaN and its residual and Q stay as they were.
+    Tensor* nonfinite_tensor = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output("nonfinite",
+                                                     TensorShape({layout.num_tensors()}),
+                                                     &nonfinite_tensor));
+    auto nonfinite = nonfinite_tensor->flat<int32_t>();
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      const PowersgdTensor& t = layout.tensor(i);
+      const int64_t p_size = t.low_rank ? t.rows * t.rank : shapes_[i].num_elements();
+      const bool finite = AllFiniteFloats(p + t.p_offset, p_size) &&
+                          (!t.low_rank || AllFiniteFloats(q_mean + t.q_offset, t.cols * t.rank));
+      nonfinite(i) = finite ? 0 : 1;
+    }
+
     // Low-rank tensors, by blocks of rows: out = P Qmean^T, e = M - P Qlocal^T.
     ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 4 * rank_, [&](const Chunk& c) {
       const int64_t i = c.tensor;
@@ -349,7 +373,7 @@ class PowersgdGroupFinishOp : public OpKernel {
           for (int64_t j = 0; j < rows * t.cols; ++j) target[j] = static_cast<T>(source[j]);
         });
       }
-      if (residual_) {
+      if (residual_ && !nonfinite(i)) {
         // What this worker sent, in cache, then e = M - sent.
         MatrixMap sent(ThreadScratch(rows * t.cols), rows, t.cols);
         sent.noalias() = p_block * ConstMatrixMap(q_local + t.q_offset, t.cols, t.rank).transpose();
@@ -368,7 +392,7 @@ class PowersgdGroupFinishOp : public OpKernel {
         T* target = static_cast<T*>(out[i]->data());
         for (int64_t j = c.begin; j < c.end; ++j) target[j] = static_cast<T>(p[t.p_offset + j]);
       });
-      if (residual_) {
+      if (residual_ && !nonfinite(i)) {
         float* e = state.buffer(i);
         const float* values = m + t.m_offset;
         for (int64_t j = c.begin; j < c.end; ++j) e[j] = values[j] - values[j];
@@ -378,9 +402,18 @@ class PowersgdGroupFinishOp : public OpKernel {
     // Warm start: the averaged Q is next step's Q.
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       const PowersgdTensor& t = layout.tensor(i);
-      if (!t.low_rank) continue;
+      if (!t.low_rank || nonfinite(i)) continue;
       std::memcpy(state.buffer(i) + layout.q_state_offset(i, residual_), q_mean + t.q_offset,
                   sizeof(float) * t.cols * t.rank);
+    }
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      if (!nonfinite(i)) continue;
+      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* values = static_cast<T*>(out[i]->data());
+        std::fill(values, values + out[i]->NumElements(),
+                  static_cast<T>(std::numeric_limits<float>::quiet_NaN()));
+      });
     }
   }
 

@@ -41,6 +41,15 @@ inline tensorflow::Status ShapesAttrOutputs(tensorflow::shape_inference::Inferen
   return tensorflow::OkStatus();
 }
 
+// The same list, then one int32 vector of a flag per tensor (the group ops' nonfinite).
+inline tensorflow::Status ShapesAttrAndFlagOutputs(tensorflow::shape_inference::InferenceContext* c) {
+  TF_RETURN_IF_ERROR(ShapesAttrOutputs(c));
+  std::vector<tensorflow::PartialTensorShape> shapes;
+  TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+  c->set_output(static_cast<int>(shapes.size()), c->Vector(static_cast<int64_t>(shapes.size())));
+  return tensorflow::OkStatus();
+}
+
 }  // namespace tf_mergecomp
 
 #endif  // TF_MERGECOMP_DENSE_SHAPES_H_

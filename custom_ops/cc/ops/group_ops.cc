@@ -50,7 +50,9 @@ tensorflow::Status EncodeShape(InferenceContext* c) {
     sizes.push_back(c->Value(elements));
   }
   const GroupLayout layout(sizes);
-  c->set_output(0, c->Vector(codec->PayloadBytes(layout, params) / element_bytes));
+  // The codec's payload, then one non-finite marker element per tensor.
+  c->set_output(0, c->Vector(codec->PayloadBytes(layout, params) / element_bytes +
+                             layout.num_tensors()));
   c->set_output(1, c->Vector(codec->ContextSize(layout, params)));
   return tensorflow::OkStatus();
 }
@@ -85,6 +87,9 @@ state: one float32 resource variable per gradient tensor (none when memory is
   v <- p - s, u <- u * (s == 0).
 seed: this worker's seed of the step and group (bits 12-23: the group's first
   tensor index).
+payload: the codec's payload, then one marker per tensor (1: this worker's
+  tensor held an inf or a NaN and was encoded as zeros, the state left as it
+  was; else 0).
 codec_context: what the decoder needs besides the payload (random-k's positions).
 )doc");
 
@@ -92,15 +97,18 @@ REGISTER_OP("MergecompGroupDecode")
     .Input("rows: payload_type")
     .Input("codec_context: int32")
     .Output("gradients: T")
+    .Output("nonfinite: int32")
     .Attr("T: list({half, bfloat16, float, double}) >= 1")
     .Attr("shapes: list(shape)")
     .Attr("num_rows: int >= 1")
     .MERGECOMP_GROUP_CODEC_ATTRS
-    .SetShapeFn(ShapesAttrOutputs)
+    .SetShapeFn(ShapesAttrAndFlagOutputs)
     .Doc(R"doc(
 The combined gradients of a group from what its collective returned: num_rows
 payloads back to back (every worker's, after an allgather; the averaged one,
 after an allreduce), written into tensors of the given shapes and dtypes.
+nonfinite: 1 for each tensor that some worker marked non-finite (its output is
+  then all NaN), else 0.
 )doc");
 
 }  // namespace tf_mergecomp

@@ -125,18 +125,21 @@ REGISTER_OP("MergecompPowersgdGroupFinish")
     .Input("compensated: float")
     .Input("state: num_state * resource")
     .Output("gradients: T")
+    .Output("nonfinite: int32")
     .Attr("T: list({half, bfloat16, float, double}) >= 1")
     .Attr("shapes: list(shape) >= 1")
     .Attr("num_state: int >= 0")
     .Attr("rank: int >= 1")
     .Attr("residual: bool")
     .SetIsStateful()
-    .SetShapeFn(ShapesAttrOutputs)
+    .SetShapeFn(ShapesAttrAndFlagOutputs)
     .Doc(R"doc(
 PowerSGD's last step: gradient i = P_i Qmean_i^T (the averaged raw values for
 the other tensors) in its shape and dtype; updates the state in place:
 Q_i <- Qmean_i, and with the residual memory e_i <- M_i - P_i Qlocal_i^T
-(zero for the tensors sent as they are).
+(zero for the tensors sent as they are). A tensor whose averaged P_i or
+Qmean_i is not finite (some worker's M_i was not) comes out all NaN, flagged
+in nonfinite, and keeps its residual and Q.
 )doc");
 
 }  // namespace tf_mergecomp
