@@ -19,6 +19,7 @@ reduces with MergeComp, but checkpoint MergeComp explicitly then.
 """
 
 import functools
+import inspect
 
 _INSTALLED_MARK = "_tf_mergecomp_original"
 
@@ -51,14 +52,23 @@ def install():
         return False
     original = hvd_tf._make_allreduce_grads_fn
 
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
-    def make_allreduce_grads_fn(name, device_dense, device_sparse, compression, sparse_as_dense,
-                                op, gradient_predivide_factor, groups, process_set=None):
+    def make_allreduce_grads_fn(*args, **kwargs):
+        # Horovod's arguments are read by name from its own signature, and
+        # handed on untouched: a stock compression never depends on this hook
+        # knowing Horovod's parameter list.
+        arguments = signature.bind(*args, **kwargs)
+        arguments.apply_defaults()
+        compression = arguments.arguments.get("compression")
         if not _is_mergecomp(compression):
-            return original(name, device_dense, device_sparse, compression, sparse_as_dense, op,
-                            gradient_predivide_factor, groups, process_set=process_set)
-        _check_arguments(compression, sparse_as_dense, gradient_predivide_factor, groups)
-        return compression.make_reduce_fn(op=op, process_set=process_set, device_dense=device_dense)
+            return original(*args, **kwargs)
+        get = arguments.arguments.get
+        _check_arguments(compression, get("sparse_as_dense", False),
+                         get("gradient_predivide_factor", 1.0), get("groups"))
+        return compression.make_reduce_fn(op=get("op"), process_set=get("process_set"),
+                                          device_dense=get("device_dense", ""))
 
     setattr(make_allreduce_grads_fn, _INSTALLED_MARK, original)
     hvd_tf._make_allreduce_grads_fn = make_allreduce_grads_fn

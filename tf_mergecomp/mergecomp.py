@@ -52,14 +52,17 @@ from tf_mergecomp import memory as memories
 from tf_mergecomp.communication import HorovodCommunicator
 
 # Bit layout of the int64 seed given to codecs: step, group and worker never
-# collide for steps < 2**24 per user seed, 4096 tensors and 4095 workers. A
-# group is named by its first tensor's index, and tensor i of a group draws
-# with the seed + (i << TENSOR_SEED_SHIFT), so codecs that draw per tensor
-# draw the same whatever the partition.
+# collide for steps < 2**24 per user seed, 4096 tensors and 4095 workers (more
+# tensors or workers are refused at trace time; steps wrap). A group is named
+# by its first tensor's index, and tensor i of a group draws with the seed +
+# (i << TENSOR_SEED_SHIFT), so codecs that draw per tensor draw the same
+# whatever the partition.
 _STEP_SHIFT = 24
+_USER_SEED_SHIFT = 48
 _TENSOR_SHIFT = compressors.TENSOR_SEED_SHIFT
 _TENSOR_LIMIT = 1 << (_STEP_SHIFT - _TENSOR_SHIFT)
-_USER_SEED_SHIFT = 48
+_WORKER_LIMIT = (1 << _TENSOR_SHIFT) - 1
+_STEP_LIMIT = 1 << (_USER_SEED_SHIFT - _STEP_SHIFT)
 NONFINITE_CHOICES = ("propagate", "raise")
 
 
@@ -105,12 +108,8 @@ class MergeComp(tf.Module):
                  name="mergecomp", **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
-        if memory is None:
-            self.memory = memories.get(
-                self.compressor.default_memory, **self.compressor.default_memory_params()
-            )
-        else:
-            self.memory = memories.get(memory)
+        self.memory = _resolve_memory(self.compressor, memory, compressor_params)
+        self.compressor.check_memory(self.memory)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**14:
             raise ValueError("seed must be an integer in [0, 16384), got %r" % (seed,))
         self.seed = int(seed)
@@ -236,12 +235,16 @@ class MergeComp(tf.Module):
         dense = [_densify(grads[i]) for i in order]
         self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense]))
         splits = self.splits
+        _check_seed_layout(len(order), communicator.size)
         guards = consistency.check_ranks_agree(
-            dict(self._layout.describe(), world_size=communicator.size, **self.describe()),
+            dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
+                 nonfinite=self.nonfinite, **self.describe()),
             communicator.process_set,
         )
         state = self._state_variables()
-        step = self.step.read_value()
+        # Steps wrap after 2**24 (the draws then repeat) rather than run into
+        # the user seed's bits.
+        step = self.step.read_value() % _STEP_LIMIT
         reduced = [None] * len(order)
         nonfinite = []
         with tf.control_dependencies(guards):
@@ -268,7 +271,7 @@ class MergeComp(tf.Module):
 
     def _group_seed(self, step, start, communicator):
         worker = 0 if self.compressor.shared_seed else communicator.rank + 1
-        constant = (start % _TENSOR_LIMIT << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
+        constant = (start << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
         return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
 
     def _reduce_group(self, index, start, grads, state_vars, step, communicator):
@@ -369,6 +372,33 @@ class MergeComp(tf.Module):
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)
+
+
+def _check_seed_layout(num_tensors, world_size):
+    if num_tensors > _TENSOR_LIMIT:
+        raise ValueError(
+            "MergeComp supports at most %d gradient tensors per optimizer (their index is part "
+            "of every random draw's seed); this model has %d" % (_TENSOR_LIMIT, num_tensors))
+    if world_size > _WORKER_LIMIT:
+        raise ValueError(
+            "MergeComp supports at most %d workers (the rank is part of every random draw's "
+            "seed); this job has %d" % (_WORKER_LIMIT, world_size))
+
+
+def _resolve_memory(compressor, memory, compressor_params):
+    """The memory to use. The codec's own parameters of its default memory
+    (DGC's momentum, SIGNUM's beta) go to that memory also when it is named
+    explicitly; given with another memory they would do nothing, so they are
+    refused."""
+    if memory is None or memory == compressor.default_memory:
+        return memories.get(compressor.default_memory, **compressor.default_memory_params())
+    unused = sorted(set(compressor_params) & set(compressor.default_memory_params()))
+    if unused:
+        raise ValueError(
+            "%s sets %s's %r memory, but memory=%r was given: drop %s or use memory=%r"
+            % (", ".join(unused), compressor.name, compressor.default_memory, memory,
+               ", ".join(unused), compressor.default_memory))
+    return memories.get(memory)
 
 
 def _tensor_names(grads, variables):

@@ -23,6 +23,8 @@ stored by the engine after the memory's buffers in each tensor's variable.
 
 import tensorflow as tf
 
+from tf_mergecomp._validation import check_in_interval, check_positive_int  # noqa: F401 (re-exported)
+
 BACKENDS = ("op", "reference")
 # Tensor i of a group draws its random numbers with the group's seed plus
 # (i << TENSOR_SEED_SHIFT) (kTensorSeedShift in custom_ops/cc/kernels/group_op.h).
@@ -38,15 +40,7 @@ def check_backend(backend):
 
 
 def check_ratio(ratio):
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 < ratio <= 1.0:
-        raise ValueError("ratio must be a number in (0, 1], got %r" % (ratio,))
-    return float(ratio)
-
-
-def check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("%s must be an integer >= 1, got %r" % (name, value))
-    return value
+    return check_in_interval("ratio", ratio, "(0, 1]")
 
 
 class Compressor:
@@ -85,6 +79,10 @@ class Compressor:
     def default_memory_params(self):
         """Parameters for ``default_memory`` (e.g. SIGNUM's beta)."""
         return {}
+
+    def check_memory(self, memory):
+        """Raises ValueError when this codec cannot work with ``memory``."""
+        del memory
 
     def group_op_attrs(self, sizes):
         """The codec attributes of the fused group ops for tensors of these sizes."""

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random, _sparse
-from tf_mergecomp.compressors.base import check_ratio
+from tf_mergecomp.compressors.base import check_in_interval, check_ratio
 from tf_mergecomp.compressors.topk import TopKCompressor
 
 MIN_SAMPLE = 1024
@@ -55,14 +55,8 @@ class DGCCompressor(TopKCompressor):
 
     def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9, backend="op"):
         super().__init__(ratio, backend)
-        if (isinstance(sample_ratio, bool) or not isinstance(sample_ratio, (int, float))
-                or not 0.0 < sample_ratio <= 1.0):
-            raise ValueError("sample_ratio must be a number in (0, 1], got %r" % (sample_ratio,))
-        self.sample_ratio = float(sample_ratio)
-        if (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
-                or not 0.0 <= momentum < 1.0):
-            raise ValueError("momentum must be a number in [0, 1), got %r" % (momentum,))
-        self.momentum = float(momentum)
+        self.sample_ratio = check_in_interval("sample_ratio", sample_ratio, "(0, 1]")
+        self.momentum = check_in_interval("momentum", momentum, "[0, 1)")
 
     @property
     def params(self):

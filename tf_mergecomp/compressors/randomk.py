@@ -25,7 +25,8 @@ scale=False: the residual memory then keeps exactly the entries that were not
 sent (e = g - g_S); with scale=True the residual would subtract (n/k) g_S and
 grow.
 
-State: none in the codec; default memory "residual".
+State: none in the codec; default memory "residual" (scale=False), "none"
+(scale=True, which refuses any other memory).
 Wire format: sum_i k_i float32 values (4 sum_i k_i bytes), tensor by tensor,
 each in ascending position order. Collective: allreduce (Average).
 Defaults: ratio = 0.01, scale = False.
@@ -57,10 +58,20 @@ class RandomKCompressor(Compressor):
         if not isinstance(scale, bool):
             raise ValueError("scale must be True or False, got %r" % (scale,))
         self.scale = scale
+        if scale:
+            # Unbiased without error feedback (see check_memory).
+            self.default_memory = "none"
 
     @property
     def params(self):
         return {"ratio": self.ratio, "scale": self.scale}
+
+    def check_memory(self, memory):
+        if self.scale and memory.name != "none":
+            raise ValueError(
+                "randomk with scale=True cannot use error feedback (memory=%r): the residual "
+                "would subtract (n/k) g_S and grow; use scale=False with memory='residual' "
+                "(the default), or scale=True with memory='none' (its default)" % memory.name)
 
     def k(self, n):
         return _sparse.sparse_k(n, self.ratio)

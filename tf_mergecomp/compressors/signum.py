@@ -18,6 +18,7 @@ is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
 Ops: ``MergecompSignsgdEncode`` and ``MergecompSignsgdDecode``.
 """
 
+from tf_mergecomp.compressors.base import check_in_interval
 from tf_mergecomp.compressors.signsgd import SignSGDCompressor
 
 
@@ -26,10 +27,9 @@ class SignumCompressor(SignSGDCompressor):
     default_memory = "momentum"
 
     def __init__(self, beta=0.9, backend="op"):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-            raise ValueError("signum beta must be a number in [0, 1), got %r" % (beta,))
+        beta = check_in_interval("signum beta", beta, "[0, 1)")
         super().__init__(backend=backend)
-        self.beta = float(beta)
+        self.beta = beta
 
     @property
     def params(self):

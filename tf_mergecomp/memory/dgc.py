@@ -16,6 +16,7 @@ State: ``momentum`` u and ``accumulation`` v, one float32 each per element.
 
 import tensorflow as tf
 
+from tf_mergecomp._validation import check_in_interval
 from tf_mergecomp.memory.base import Memory
 
 
@@ -25,9 +26,7 @@ class DGCMemory(Memory):
     needs_sent = True
 
     def __init__(self, momentum=0.9):
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError("dgc momentum must be a number in [0, 1), got %r" % (momentum,))
-        self.momentum = float(momentum)
+        self.momentum = check_in_interval("dgc momentum", momentum, "[0, 1)")
 
     @property
     def params(self):

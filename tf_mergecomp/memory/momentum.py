@@ -7,6 +7,7 @@ compresses m (its sign) instead of g. Nothing is fed back from the payload.
 State: ``momentum`` m, one float32 per gradient element.
 """
 
+from tf_mergecomp._validation import check_in_interval
 from tf_mergecomp.memory.base import Memory
 
 
@@ -15,9 +16,7 @@ class MomentumMemory(Memory):
     state_names = ("momentum",)
 
     def __init__(self, beta=0.9):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta < 1.0:
-            raise ValueError("momentum beta must be a number in [0, 1), got %r" % (beta,))
-        self.beta = float(beta)
+        self.beta = check_in_interval("momentum beta", beta, "[0, 1)")
 
     @property
     def params(self):

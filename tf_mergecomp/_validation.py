@@ -1,0 +1,34 @@
+"""Parameter checks shared by the codecs and memories: clear errors at construction.
+
+Numbers may be Python or numpy scalars (``np.float32(0.1)``, ``np.int64(8)``);
+booleans are refused where a number is expected.
+"""
+
+import numbers
+
+import numpy as np
+
+
+def _is_bool(value):
+    return isinstance(value, (bool, np.bool_))
+
+
+def check_in_interval(name, value, interval):
+    """``value`` as a float when it is a real number in ``interval``, written
+    "(0, 1]" or "[0, 1)"; else ValueError naming the parameter and the range."""
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    if _is_bool(value) or not isinstance(value, numbers.Real):
+        raise ValueError("%s must be a number in %s, got %r" % (name, interval, value))
+    number = float(value)
+    above = number > low if interval[0] == "(" else number >= low
+    below = number < high if interval[-1] == ")" else number <= high
+    if not (above and below):
+        raise ValueError("%s must be a number in %s, got %r" % (name, interval, value))
+    return number
+
+
+def check_positive_int(name, value):
+    """``value`` as an int when it is an integer >= 1; else ValueError."""
+    if _is_bool(value) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError("%s must be an integer >= 1, got %r" % (name, value))
+    return int(value)
