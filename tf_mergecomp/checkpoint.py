@@ -39,12 +39,9 @@ __all__ = ["MergeCompModelCheckpoint", "load_model", "rank_state_path", "restore
 
 def _mergecomp_of(owner):
     """The MergeComp of a MergeComp, a Keras optimizer or a compiled Keras model."""
-    from tf_mergecomp.mergecomp import MergeComp
-
-    for candidate in (owner, getattr(owner, "mergecomp", None),
-                      getattr(getattr(owner, "optimizer", None), "mergecomp", None)):
-        if isinstance(candidate, MergeComp):
-            return candidate
+    found = rank_state.find_mergecomp(owner)
+    if found is not None:
+        return found
     raise TypeError(
         "expected a MergeComp, or a Keras optimizer or model compiled with "
         "hvd.DistributedOptimizer(..., compression=MergeComp(...)); got %r" % (owner,))

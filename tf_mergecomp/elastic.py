@@ -99,13 +99,11 @@ def install():
 
     @functools.wraps(original_init)
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        from tf_mergecomp.mergecomp import MergeComp
-
-        compression = getattr(optimizer or getattr(model, "optimizer", None), "mergecomp", None)
-        if isinstance(compression, MergeComp):
+        compression = rank_state.find_mergecomp(optimizer or getattr(model, "optimizer", None))
+        if compression is not None:
             _build_optimizer(optimizer or model.optimizer, model)
         original_init(self, model, optimizer=optimizer, backend=backend, **kwargs)
-        if isinstance(compression, MergeComp):
+        if compression is not None:
             track(self, compression, rebuild=functools.partial(_rebuild_keras, self.model))
 
     setattr(__init__, _INSTALLED_MARK, original_init)

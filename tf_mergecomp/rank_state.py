@@ -86,6 +86,23 @@ def rank_state_path(path, rank, world_size):
     return "%s.mergecomp-rank%d-of-%d" % (os.fspath(path), rank, world_size)
 
 
+def find_mergecomp(owner):
+    """The MergeComp of a MergeComp, of a Keras optimizer built by
+    ``hvd.DistributedOptimizer(..., compression=MergeComp(...))`` (also inside a
+    loss-scale optimizer), or of a Keras model compiled with one; else None."""
+    from tf_mergecomp.mergecomp import MergeComp
+
+    seen = 0
+    while owner is not None and seen < 4:  # model -> optimizer -> inner optimizer
+        if isinstance(owner, MergeComp):
+            return owner
+        if isinstance(getattr(owner, "mergecomp", None), MergeComp):
+            return owner.mergecomp
+        owner = getattr(owner, "inner_optimizer", None) or getattr(owner, "optimizer", None)
+        seen += 1
+    return None
+
+
 def process_set_of(mergecomp):
     import horovod.tensorflow as hvd
 
