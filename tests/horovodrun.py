@@ -8,6 +8,7 @@ timeout, fails the test with all the output. Ranks print result lines as
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,23 +25,40 @@ def horovodrun_path():
     return str(candidate) if candidate.exists() else "horovodrun"
 
 
-def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None):
+def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elastic=None):
     """Runs ``script`` on ``np`` ranks; returns {rank: [result dicts]}, output.
 
     ``script`` is a file in tests/workers/, or a path relative to the repository.
+    ``elastic``: (min_np, max_np, host discovery script) runs an elastic job on
+    localhost (over the loopback interface: elastic Gloo jobs hang here
+    without ``--network-interface lo``); results are then collected for ranks
+    up to max_np.
     """
     path = WORKERS / script if "/" not in str(script) else REPO / script
-    command = [horovodrun_path(), "-np", str(np), "--gloo", sys.executable,
-               str(path)] + [str(a) for a in args]
+    launcher = [horovodrun_path(), "-np", str(np)]
+    if elastic is None:
+        launcher.append("--gloo")
+    else:
+        min_np, max_np, discovery = elastic
+        launcher += ["--min-np", str(min_np), "--max-np", str(max_np),
+                     "--host-discovery-script", str(discovery), "--network-interface", "lo"]
+        np = max_np
+    command = launcher + [sys.executable, str(path)] + [str(a) for a in args]
     full_env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                     PYTHONUNBUFFERED="1")
     full_env.update(env or {})
+    # Its own process group: on a timeout the ranks (horovodrun's children,
+    # and an elastic job's later ones) end with it instead of running on.
+    process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail("horovodrun %s timed out after %ss:\n%s" % (script, timeout, output[-8000:]))
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail("horovodrun %s timed out after %ss:\n%s"
+                    % (script, timeout, (stdout + stderr)[-8000:]))
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     output = done.stdout + done.stderr
     if expect_failure:
         if done.returncode == 0:

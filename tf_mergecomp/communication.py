@@ -24,6 +24,7 @@ class HorovodCommunicator:
         self.rank = self.process_set.rank()
         self._counter = counter
         self._prefix = name_prefix
+        self._world_check = None
 
     def _name(self, key):
         return ".".join([self._prefix] + _flat_parts(key))
@@ -37,14 +38,32 @@ class HorovodCommunicator:
                 self._counter.assign_add(1)
         return result
 
+    def _checked_world(self):
+        # Rank and world size are fixed when the step is traced (payload rows,
+        # seeds, the Sum scaling). After an elastic resize, a step traced for the
+        # old world must fail saying so, before its collectives, rather than
+        # with a payload-shape error or a wrong result. One check per trace.
+        if self._world_check is None:
+            self._world_check = tf.debugging.assert_equal(
+                self._hvd.size_op(process_set_id=self.process_set.process_set_id),
+                tf.constant(self.size, tf.int32),
+                message="tf_mergecomp: this training step was traced for a world of %d ranks, "
+                "and Horovod now has another number of ranks (an elastic reset?). Re-trace the "
+                "step: hvd.elastic.KerasState does it; a custom loop re-creates its tf.function "
+                "after a reset (tf_mergecomp.elastic.track(state, compression, rebuild=...))"
+                % self.size)
+        return tf.control_dependencies([self._world_check])
+
     def allreduce_mean(self, tensor, key):
-        result = self._hvd.allreduce(
-            tensor, op=self._hvd.Average, name=self._name(key), process_set=self.process_set
-        )
+        with self._checked_world():
+            result = self._hvd.allreduce(
+                tensor, op=self._hvd.Average, name=self._name(key), process_set=self.process_set
+            )
         return self._counted(result)
 
     def allgather(self, tensor, key):
-        result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
+        with self._checked_world():
+            result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
         return self._counted(result)
 
 

@@ -7,11 +7,10 @@ rank compares all descriptions: a mismatch raises ``RankMismatchError`` naming
 the field and both values, on every rank, before any gradient collective.
 
 The check runs eagerly at trace time (lifted out of the function being traced
-with ``tf.init_scope``), so it costs nothing per step, and once per distinct
-description and process set: a rank that re-traces alone (a last partial batch
-of its own, a rank-local retrace) with what all ranks already agreed on runs
-no collective, so it cannot wait for ranks that never join. Under TF1-style
-graph execution it falls back to comparing a hash inside the graph.
+with ``tf.init_scope``), so it costs nothing per step; the engine runs it once
+per distinct description (mergecomp.py), so that a rank re-tracing alone runs
+no collective. Under TF1-style graph execution it falls back to comparing a
+hash inside the graph.
 """
 
 import hashlib
@@ -28,10 +27,6 @@ class RankMismatchError(ValueError):
     # traced function as itself (with the source location added) instead of
     # wrapping it in a StagingError, so ``except RankMismatchError`` works.
     __init__ = Exception.__init__
-
-
-# (fingerprint, process set id) of every description all ranks agreed on.
-_AGREED = set()
 
 
 def fingerprint(description):
@@ -78,9 +73,6 @@ def check_ranks_agree(description, process_set, name="mergecomp.consistency"):
     payload = np.frombuffer(json.dumps(description, sort_keys=True).encode(), dtype=np.uint8)
     with tf.init_scope():
         if tf.executing_eagerly():
-            agreed_key = (fingerprint(description), getattr(process_set, "process_set_id", None))
-            if agreed_key in _AGREED:
-                return []
             lengths = hvd.allgather(
                 tf.constant([payload.size], tf.int32), name=name + ".lengths", process_set=process_set
             ).numpy()
@@ -95,7 +87,6 @@ def check_ranks_agree(description, process_set, name="mergecomp.consistency"):
             message = mismatch_message(descriptions)
             if message is not None:
                 raise RankMismatchError(message)
-            _AGREED.add(agreed_key)
             return []
     digest = int(fingerprint(description), 16) & ((1 << 62) - 1)
     ours = tf.constant([digest], tf.int64)

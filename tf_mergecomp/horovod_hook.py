@@ -10,7 +10,10 @@ replaces that factory with one that, only when ``compression`` is a
 whole gradient list; for every other ``compression`` it calls Horovod's
 original, so stock behaviour is unchanged. It also wraps the Keras
 ``DistributedOptimizer`` factories so that the optimizer tracks the MergeComp
-(its error-feedback state then checkpoints with the optimizer).
+(its error-feedback state then checkpoints with the optimizer) and lists
+MergeComp's step among ``optimizer.variables()`` (what Horovod broadcasts and
+Keras saves in HDF5/.keras files), and makes ``hvd.elastic.KerasState`` commit,
+restore and sync MergeComp's state (``tf_mergecomp/elastic.py``).
 
 Importing ``tf_mergecomp`` calls ``install()``; calling it again does nothing.
 Code that did ``from horovod.tensorflow.keras import DistributedOptimizer``
@@ -73,6 +76,9 @@ def install():
     setattr(make_allreduce_grads_fn, _INSTALLED_MARK, original)
     hvd_tf._make_allreduce_grads_fn = make_allreduce_grads_fn
     _wrap_keras_optimizer_factories()
+    from tf_mergecomp import elastic
+
+    elastic.install()
     return True
 
 
@@ -98,7 +104,46 @@ def _wrap_keras_optimizer_factories():
                 # A tracked attribute: checkpoints of the optimizer include
                 # MergeComp's memory and step.
                 optimizer.mergecomp = compression
+                _list_step_in_optimizer_variables(optimizer)
             return optimizer
 
         setattr(distributed_optimizer, _INSTALLED_MARK, factory)
         module.DistributedOptimizer = distributed_optimizer
+
+
+def _list_step_in_optimizer_variables(optimizer):
+    """Appends MergeComp's step, never its per-rank state, to ``optimizer.variables()``.
+
+    ``BroadcastGlobalVariablesCallback``, ``hvd.broadcast_variables(opt.variables())``
+    and ``hvd.elastic.KerasState`` send and commit ``optimizer.variables()``, and
+    Keras saves it in HDF5 and .keras files: the step, which seeds shared
+    random draws, must travel with them. Horovod builds a new optimizer class
+    per ``DistributedOptimizer`` call (named like the wrapped one, so saved models
+    load without Horovod) whose ``variables`` property this extends. The
+    optimizer's own ``_variables`` list is left alone: TF checkpoints track it
+    by position, and the step checkpoints as ``mergecomp/step`` already.
+    """
+    cls = type(optimizer)
+    horovod_variables = cls.__dict__.get("variables")
+    if not isinstance(horovod_variables, property) or "_tf_mergecomp_step" in cls.__dict__:
+        return  # an unknown Horovod layout: leave it as it is
+    from horovod._keras import CallableList
+
+    def variables(self):
+        return CallableList(list(horovod_variables.fget(self)) + [self.mergecomp.step])
+
+    cls.variables = property(variables, doc="The optimizer's variables, then MergeComp's step.")
+    cls._tf_mergecomp_step = True
+    if not hasattr(optimizer, "_variables"):
+        return  # legacy Keras optimizers save and load their own weights list
+    base_set_weights = cls.set_weights
+
+    def set_weights(self, weights):
+        # HDF5 files saved with this class hold the step last; files saved
+        # without MergeComp do not.
+        weights = list(weights)
+        if len(weights) == len(self.variables):
+            self.mergecomp.step.assign(weights.pop())
+        base_set_weights(self, weights)
+
+    cls.set_weights = set_weights

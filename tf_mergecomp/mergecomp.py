@@ -38,6 +38,10 @@ collectives. When MergeComp is given to ``hvd.DistributedOptimizer`` (Keras)
 it is attached to the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
 ``model.save_weights`` carry it; with ``DistributedGradientTape`` add it to
 your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
+The memory's buffers are each rank's own: ``state_origin`` records whose they
+are, and at the first trace the ranks agree to keep restored state only if
+each holds its own (tf_mergecomp/rank_state.py; per-rank checkpoint files:
+tf_mergecomp/checkpoint.py; elastic jobs: tf_mergecomp/elastic.py).
 """
 
 import numbers
@@ -49,6 +53,7 @@ from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
 from tf_mergecomp import memory as memories
+from tf_mergecomp import rank_state
 from tf_mergecomp.communication import HorovodCommunicator
 
 # Bit layout of the int64 seed given to codecs: step, group and worker never
@@ -127,6 +132,15 @@ class MergeComp(tf.Module):
         self.collectives_executed = tf.Variable(
             0, dtype=tf.int64, trainable=False, name="collectives_executed"
         )
+        # (rank, world size) of the worker whose compression state the state
+        # variables hold, (-1, -1) before the first step. It checkpoints with
+        # the state, so that a restore can tell this rank's own state from
+        # another rank's (tf_mergecomp/rank_state.py).
+        self.state_origin = tf.Variable(
+            rank_state.NO_ORIGIN, dtype=tf.int64, trainable=False, name="state_origin"
+        )
+        self._rank_state = rank_state.Tracker()
+        self._agreed_description = None
 
     # ---- partition ---------------------------------------------------------------
 
@@ -236,12 +250,23 @@ class MergeComp(tf.Module):
         self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense]))
         splits = self.splits
         _check_seed_layout(len(order), communicator.size)
-        guards = consistency.check_ranks_agree(
-            dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
-                 nonfinite=self.nonfinite, **self.describe()),
-            communicator.process_set,
-        )
+        description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
+                           nonfinite=self.nonfinite, **self.describe())
+        guards = []
+        # Once per description: a retrace that only this rank makes (a last
+        # partial batch of its own; tf.function retracing a step whose first
+        # trace created variables, as a worker joining an elastic job does)
+        # must not wait in a collective the others never join. An elastic
+        # reset forgets it, so that every rank checks again.
+        if description != self._agreed_description:
+            guards = consistency.check_ranks_agree(description, communicator.process_set)
+            if not guards:  # checked at trace time (eagerly), not in the graph
+                self._agreed_description = description
         state = self._state_variables()
+        # At the first trace: agree with the other ranks on whose state was
+        # restored (reset it everywhere unless each rank holds its own) and
+        # take rank 0's step.
+        rank_state.reconcile_if_needed(self, communicator)
         # Steps wrap after 2**24 (the draws then repeat) rather than run into
         # the user seed's bits.
         step = self.step.read_value() % _STEP_LIMIT
@@ -359,16 +384,31 @@ class MergeComp(tf.Module):
             # ops on the CPU and copies the gradients.
             with tf.init_scope(), tf.device("/device:CPU:0"):
                 self._state = []
-                for i, (shape, size) in enumerate(zip(self._layout.shapes, self._layout.sizes)):
-                    initial = [tf.zeros([len(names) * size], tf.float32)]
-                    if codec_sizes[i]:
-                        codec_state = codec.initial_codec_state(shape, i)
-                        initial.append(tf.zeros([codec_sizes[i]], tf.float32)
-                                       if codec_state is None else codec_state)
+                for i in range(len(self._layout.shapes)):
                     self._state.append(tf.Variable(
-                        tf.concat(initial, 0), trainable=False,
+                        self._initial_state_value(i), trainable=False,
                         name="%s_%d" % ("_".join(names) or "codec_state", i)))
+            # A checkpoint restored before the first step has just been
+            # restored into the new variables; a decision taken about it
+            # (reset, or this rank's own saved state) applies now.
+            rank_state.on_state_created(self)
         return list(self._state or [])
+
+    def _initial_state_value(self, i):
+        shape, size = self._layout.shapes[i], self._layout.sizes[i]
+        initial = [tf.zeros([len(self.memory.state_names) * size], tf.float32)]
+        codec_size = self.compressor.codec_state_size(shape)
+        if codec_size:
+            codec_state = self.compressor.initial_codec_state(shape, i)
+            initial.append(tf.zeros([codec_size], tf.float32) if codec_state is None else codec_state)
+        return tf.concat(initial, 0)
+
+    def reset_state(self):
+        """Sets the compression state (residuals, momenta, PowerSGD's Q) back to
+        its initial value: zeros, and PowerSGD's initial Q. The step is kept."""
+        with tf.init_scope(), tf.device("/device:CPU:0"):
+            for i, variable in enumerate(self._state or []):
+                variable.assign(self._initial_state_value(i))
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)

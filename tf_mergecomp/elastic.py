@@ -1,0 +1,131 @@
+"""MergeComp under Horovod's elastic training (``horovodrun --min-np/--max-np``).
+
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)   # nothing else to change
+
+An elastic ``State`` commits, restores and synchronises what training needs
+when workers come and go. For a MergeComp that is:
+
+* commit (``state.commit()``): a copy of each rank's compression state
+  (residuals, momenta, PowerSGD's Q) and of the step;
+* restore (after a worker failed): back to that copy on every surviving rank;
+* reset (the world changed): the step's trace holds the old world size and this
+  rank's old rank (the group decode op reads one payload row per rank), so the
+  Keras train function and MergeComp's own ``tf.function`` are rebuilt and the
+  next step traces for the new world;
+* sync (every rank, after a reset and when a worker joins): the ranks agree on
+  the state as after a checkpoint restore (``tf_mergecomp.rank_state``): each
+  process keeps the state it trained only if the world size is unchanged and
+  no process joined; otherwise the state is reset to its initial value on
+  every rank, with one warning on rank 0. The step is rank 0's. (Horovod skips
+  the sync when workers were only removed; the ranks then agree at the first
+  trace of the rebuilt step, which every rank runs.)
+
+``hvd.elastic.KerasState`` (and ``TensorFlowKerasState``) does all this by itself
+when its optimizer is a ``DistributedOptimizer`` with a MergeComp (importing
+``tf_mergecomp`` installs it). Other states (a custom loop's
+``hvd.elastic.TensorFlowState`` or ``ObjectState``) call ``track``:
+
+    state = hvd.elastic.TensorFlowState(variables, batch=0)
+    tf_mergecomp.elastic.track(state, compression, rebuild=make_train_step)
+
+where ``rebuild`` re-creates the custom loop's ``tf.function`` (a step traced for
+the old world fails with a message saying so).
+"""
+
+import functools
+
+from tf_mergecomp import rank_state
+
+_INSTALLED_MARK = "_tf_mergecomp_original"
+_TRACKED_MARK = "_tf_mergecomp_tracked"
+
+
+def track(state, compression, rebuild=None):
+    """Makes an ``hvd.elastic`` State commit, restore and sync ``compression``'s state.
+
+    Args:
+      state: a ``horovod.common.elastic.State`` (KerasState, TensorFlowState,
+        ObjectState, ...).
+      compression: the MergeComp.
+      rebuild: optional callable run after each reset, before the next sync,
+        that re-creates the traced train step (Keras: ``KerasState`` passes
+        ``model.make_train_function(force=True)``).
+    """
+    tracked = getattr(state, _TRACKED_MARK, None)
+    if tracked is not None:
+        if tracked is compression:
+            return state
+        raise ValueError("this elastic state already tracks another MergeComp")
+    setattr(state, _TRACKED_MARK, compression)
+    committed = {"snapshot": rank_state.snapshot(compression)}
+    original_save, original_restore = state.save, state.restore
+    original_sync, original_reset = state.sync, state.reset
+
+    def save():
+        original_save()
+        committed["snapshot"] = rank_state.snapshot(compression)
+
+    def restore():
+        original_restore()
+        rank_state.restore_snapshot(compression, committed["snapshot"])
+
+    def reset():
+        original_reset()
+        rank_state.on_elastic_reset(compression)
+        if rebuild is not None:
+            rebuild()
+
+    def sync():
+        original_sync()
+        rank_state.reconcile(compression)
+        committed["snapshot"] = rank_state.snapshot(compression)
+
+    # Instance attributes: the State's own commit(), on_reset() and Horovod's
+    # elastic run loop call these.
+    state.save, state.restore, state.sync, state.reset = save, restore, sync, reset
+    return state
+
+
+def install():
+    """Makes ``TensorFlowKerasState`` (and so ``KerasState``) track the MergeComp
+    of its optimizer. Idempotent; returns True if installed by this call."""
+    try:
+        from horovod.tensorflow.elastic import TensorFlowKerasState
+    except ImportError:  # a Horovod without elastic support
+        return False
+    original_init = TensorFlowKerasState.__init__
+    if hasattr(original_init, _INSTALLED_MARK):
+        return False
+
+    @functools.wraps(original_init)
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        compression = rank_state.find_mergecomp(optimizer or getattr(model, "optimizer", None))
+        if compression is not None:
+            _build_optimizer(optimizer or model.optimizer, model)
+        original_init(self, model, optimizer=optimizer, backend=backend, **kwargs)
+        if compression is not None:
+            track(self, compression, rebuild=functools.partial(_rebuild_keras, self.model))
+
+    setattr(__init__, _INSTALLED_MARK, original_init)
+    TensorFlowKerasState.__init__ = __init__
+    return True
+
+
+def _build_optimizer(optimizer, model):
+    # Keras >= 2.11 optimizers create their slot variables at the first step.
+    # A worker that joins an elastic job has not stepped yet, so its
+    # optimizer.variables() would be shorter than the others' and the sync's
+    # broadcast of them would wait forever (seen with stock Horovod 0.28.1
+    # and Keras 2.15 growing 1 -> 2). Building them now gives every worker
+    # the same list.
+    if hasattr(optimizer, "build") and not getattr(optimizer, "_built", False):
+        import tensorflow as tf
+
+        with tf.init_scope():
+            optimizer.build(model.trainable_variables)
+
+
+def _rebuild_keras(model):
+    # fit() reuses model.train_function; a fresh one traces for the new world.
+    if hasattr(model, "make_train_function"):
+        model.make_train_function(force=True)
