@@ -526,3 +526,8 @@ def run_search(sizes, profile, probe, time_candidate, **options):
             answer = time_candidate(request.splits)
         request = algorithm.answer(answer)
     return SearchResult(algorithm, counts)
+
+
+# The name the search core had before it explored with a step-time model
+# (its interface changed with it: requests instead of propose/report).
+PartitionSearcher = PartitionSearchAlgorithm

@@ -270,9 +270,9 @@ def _after(tensors, stamp):
 class ExchangeProbe:
     """Times each group of a partition alone, on tensors of the real gradient shapes.
 
-    ``run(splits, repeats)`` returns a [groups, 3] array: per group the median
-    over ``repeats`` calls (after one that traces) of its encode, collective
-    and decode seconds. Every rank must make the same calls (they run
+    ``run(splits, repeats)`` returns a [repeats, groups, 3] array: per call
+    (after one that traces) and group, its encode, collective and decode
+    seconds on this rank. Every rank must make the same calls (they run
     collectives). ``traces`` counts the probe's traced functions.
     """
 
@@ -324,4 +324,4 @@ class ExchangeProbe:
             samples.append(np.stack([groups[:, ENCODE_END] - groups[:, GROUP_START],
                                      groups[:, COLLECTIVE_END] - groups[:, ENCODE_END],
                                      groups[:, DECODE_END] - groups[:, COLLECTIVE_END]], axis=1))
-        return np.maximum(np.median(np.stack(samples), axis=0), 0.0)
+        return np.maximum(np.stack(samples), 0.0)
