@@ -154,6 +154,7 @@ class PartitionSearchDriver:
         self._probe = None
         self._writer = None
         self._save_path_checked = False
+        self._rounds_logged = 0
         self.plot_path = None
 
     # ------------------------------------------------------------ step hooks
@@ -275,8 +276,13 @@ class PartitionSearchDriver:
             elif request.kind == "probe":
                 answer = self._probe_layouts(request.layouts)
             else:
+                if not self.algorithm.rounds_measured or not self.algorithm.rounds_measured[0]:
+                    self._log_finalists()
                 answer = yield from self._time(request.splits)
             request = self.algorithm.answer(answer)
+            if self.algorithm.rounds_measured:
+                self._log_rounds()
+        self._log_rounds(final=True)
         self._conclude(self.algorithm.choice, save=True)
 
     def _profile(self):
@@ -338,7 +344,6 @@ class PartitionSearchDriver:
         record["rounds_s"].append(averaged)
         record["local_rounds_s"].append(local)
         record["collectives_per_step"] = self._last_collectives
-        self._log_round_entry(layout, averaged)
         return averaged
 
     # --------------------------------------------------------------- internals
@@ -354,12 +359,27 @@ class PartitionSearchDriver:
         self.history.append(record)
         return record
 
-    def _log_round_entry(self, layout, seconds):
-        round_index = len(self.algorithm.rounds_measured)
-        predicted = self.algorithm.predictions.get(tuple(layout))
-        self._log("round %d: %s -> %.2f ms/step%s" % (
-            round_index, _describe(layout), 1e3 * seconds,
-            " (predicted %.2f)" % (1e3 * predicted) if predicted is not None else ""))
+    def _log_finalists(self):
+        a, n = self.algorithm, self.compression.num_tensors
+        self._log("predicted %s; confirming %s against one group and layer-wise in %d "
+                  "interleaved rounds" % (
+                      ", ".join("%s %.2f ms" % (_short(l, n), 1e3 * a.predictions[l])
+                                for l in [()] + a.finalist_layouts if l in a.predictions),
+                      ", ".join(_short(l, n) for l in a.finalist_layouts) or "nothing else",
+                      self.rounds))
+
+    def _log_rounds(self, final=False):
+        """One line per finished confirm round (a round is over once the next began)."""
+        rounds = self.algorithm.rounds_measured
+        finished = len(rounds) if final else len(rounds) - 1
+        while self._rounds_logged < finished:
+            measured = rounds[self._rounds_logged]
+            self._rounds_logged += 1
+            self._log("round %d of %d: %s" % (self._rounds_logged, self.rounds, ", ".join(
+                "%s %.2f ms%s" % (_short(layout, self.compression.num_tensors), 1e3 * seconds,
+                                  " (predicted %.2f)" % (1e3 * self.algorithm.predictions[layout])
+                                  if layout in self.algorithm.predictions else "")
+                for layout, seconds in measured.items())))
 
     def _activate(self, layout, fresh=False):
         """Makes the next step train with ``layout``; True when that traces."""
@@ -735,6 +755,14 @@ def _role_of(layout, n):
     if tuple(layout) == grouping.layerwise_splits(n):
         return "layer-wise"
     return "predicted"
+
+
+def _short(splits, n):
+    if not splits:
+        return "one group"
+    if len(splits) == n - 1:
+        return "layer-wise"
+    return "%s" % (list(splits),)
 
 
 def _describe(splits):
