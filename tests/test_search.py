@@ -150,3 +150,125 @@ def test_confirmed_choice_is_near_the_exhaustive_optimum():
         assert count >= 0.95 * len(CASES), (noise, count, optimum_groups)
     # The systems cover every regime: optima of 1 to 4 groups and layer-wise (5 = more than 4).
     assert set(optimum_groups) == {1, 2, 3, 4, 5}, optimum_groups
+
+
+def flat_system(n, seconds=0.1):
+    """Every layout costs the same: nothing to gain."""
+    sizes = [100] * n
+
+    def profile(splits):
+        return ProfileResult(seconds, np.linspace(0.01, 0.05, n))
+
+    def probe(splits):
+        return np.full((len(splits) + 1, 3), 1e-4)
+
+    return sizes, profile, probe
+
+
+def test_one_tensor_or_one_group_allowed_needs_no_measurement():
+    for sizes, max_groups in (([123], 4), ([5, 6, 7], 1)):
+        calls = []
+        result = run_search(sizes, lambda s: calls.append(s), lambda s: calls.append(s),
+                            lambda s: calls.append(s), max_groups=max_groups)
+        assert result.splits == () and calls == []
+
+
+def test_two_tensors_confirm_both_sentinels_only():
+    times = {(): 2.0, (1,): 1.5}
+    sizes, profile, probe = flat_system(2)
+    result = run_search(sizes, profile, probe, lambda s: times[s], max_groups=4)
+    assert result.splits == (1,)
+    assert set(result.algorithm.candidates) == {(), (1,)}
+
+
+def test_request_protocol_and_interleaved_rotated_rounds():
+    sizes, profile, probe = flat_system(40)
+    algorithm = PartitionSearchAlgorithm(sizes, max_groups=3, finalists=2, rounds=3)
+    request = algorithm.start()
+    assert isinstance(request, Profile) and request.splits == ()
+    with pytest.raises(RuntimeError, match="started"):
+        algorithm.start()
+    request = algorithm.answer(profile(()))
+    assert isinstance(request, Probe) and () in request.layouts
+    order = []
+    while request is not None:
+        if isinstance(request, Probe):
+            request = algorithm.answer([probe(l) for l in request.layouts])
+        else:
+            assert isinstance(request, Time)
+            order.append((request.splits, request.first))
+            request = algorithm.answer(1.0)  # all equal: nobody is dropped
+    assert algorithm.done and algorithm.pending is None
+    candidates = algorithm.candidates
+    assert candidates[:2] == [(), tuple(range(1, 40))] and len(candidates) == 4
+    rounds = [order[i * 4:(i + 1) * 4] for i in range(3)]
+    for index, turns in enumerate(rounds):
+        # Every candidate once per round, the order rotated by one each round.
+        assert [s for s, _ in turns] == candidates[index:] + candidates[:index]
+        assert all(first == (index == 0) for _, first in turns)
+    with pytest.raises(RuntimeError, match="no request is pending"):
+        algorithm.answer(1.0)
+
+
+def test_never_fixes_a_candidate_measured_slower_than_a_sentinel():
+    """The model predicts the finalists fast; training says otherwise: a sentinel wins."""
+    sizes, profile, probe = flat_system(30)
+
+    def time_candidate(splits):
+        return {(): 1.0, tuple(range(1, 30)): 1.2}.get(splits, 1.01)
+
+    result = run_search(sizes, profile, probe, time_candidate, max_groups=4)
+    assert result.splits == ()
+    measured = result.algorithm.measured_seconds()
+    assert measured[()] == min(measured.values())
+
+
+def test_clear_losers_are_dropped_after_the_second_round():
+    sizes, profile, probe = flat_system(30)
+    layerwise = tuple(range(1, 30))
+
+    def time_candidate(splits):
+        return 1.0 if splits == layerwise else 2.0
+
+    result = run_search(sizes, profile, probe, time_candidate, max_groups=4, rounds=4)
+    algorithm = result.algorithm
+    assert result.splits == layerwise
+    assert set(algorithm.dropped) == set(algorithm.candidates) - {layerwise}
+    assert all(after == 2 for after in algorithm.dropped.values())
+    # Two full rounds, and the winner is alone: no third round.
+    assert result.requests["time"] == 2 * len(algorithm.candidates)
+
+
+def test_best_layouts_on_a_grid_matches_the_exhaustive_optimum():
+    system = SyntheticSystem(seed=4, n=120, noise=0.0)
+    for groups in (2, 3, 4):
+        exact, seconds = exhaustive_best(system.truth, groups)
+        found = best_layouts(system.truth, groups, count=3, exhaustive_limit=500,
+                             sizes=system.sizes)
+        assert len(found) == 3 and found[0][1] <= found[1][1] <= found[2][1]
+        assert found[0][1] <= seconds * 1.001, (groups, found[0], exact)
+
+
+def test_probe_answers_must_match_the_layouts():
+    sizes, profile, probe = flat_system(10)
+    algorithm = PartitionSearchAlgorithm(sizes, max_groups=2)
+    algorithm.start()
+    request = algorithm.answer(profile(()))
+    with pytest.raises(ValueError, match="one array per layout"):
+        algorithm.answer([])
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"sizes": []}, "at least one"),
+    ({"sizes": [1, -2]}, "non-negative"),
+    ({"sizes": [1, 2], "max_groups": 0}, "max_groups"),
+    ({"sizes": [1, 2], "rounds": 0}, "rounds"),
+    ({"sizes": [1, 2], "finalists": -1}, "finalists"),
+])
+def test_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PartitionSearchAlgorithm(**kwargs)
+
+
+def test_old_name_is_an_alias():
+    assert search_module.PartitionSearcher is PartitionSearchAlgorithm

@@ -271,6 +271,10 @@ class PartitionSearchAlgorithm:
         model.tail = max(0.0, self.profile.seconds - model.step_time(()))
         self.model = model
         self.predictions = {}
+        if self.num_tensors > self.max_groups:
+            # The layer-wise sentinel too, for the record (it is confirmed anyway).
+            layerwise = layerwise_splits(self.num_tensors)
+            self.predictions[layerwise] = model.step_time(layerwise)
         for groups_count in range(1, self.max_groups + 1):
             for layout, seconds in best_layouts(model, groups_count,
                                                 count=RANKED_PER_GROUP_COUNT,
@@ -282,7 +286,7 @@ class PartitionSearchAlgorithm:
         best = {}
         for layout, seconds in self.predictions.items():
             count = len(layout) + 1
-            if count >= 2 and (count not in best or seconds < best[count][1]):
+            if 2 <= count <= self.max_groups and (count not in best or seconds < best[count][1]):
                 best[count] = (layout, seconds)
         return [best[count][0] for count in sorted(best)]
 

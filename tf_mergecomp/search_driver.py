@@ -19,7 +19,8 @@ What the search costs, step by step (defaults in brackets):
 - step 1 traces the train step with one group; the engine notes which op
   produces each gradient (``step_recorder.GradientOps``);
 - ``warmup_steps`` [2] steps are discarded, then ``profiled_steps`` [4] run
-  under TensorFlow's profiler: when each gradient is ready, the step's time;
+  under TensorFlow's profiler (when each gradient is ready) and as many
+  without it (the step's time, to which the ready times are scaled);
 - between two steps, the exchange probe times single groups of a few
   layouts on tensors of the gradient shapes (no model trace; about a second
   of tracing per layout), and the finalists are predicted;
@@ -33,7 +34,7 @@ What the search costs, step by step (defaults in brackets):
 So the train step is traced at most 2 + finalists times (5 by default: the
 first trace of a Keras train function also creates the optimizer's variables,
 for which TensorFlow traces it twice), and a search takes about
-1 + 2 + 4 + 4 x 5 x (1 + 3) + 4 x 2 = 95 steps, fewer when clear losers are
+1 + 2 + 4 + 4 + 4 x 5 x (1 + 3) + 4 x 2 = 99 steps, fewer when clear losers are
 dropped after the second round. The decision (and every answer) is averaged
 over the workers, so all workers take the same path. Rank 0 logs each phase
 and, at the end, the choice next to the sentinels and what the search cost
@@ -291,31 +292,39 @@ class PartitionSearchDriver:
         self._profiler = step_recorder.StepProfiler()
         if not self._profiler.start():
             self.profile_note = self._profiler.error
-        seconds = []
         for _ in range(self.profiled_steps):
-            seconds.append((yield "profiled"))
+            yield "profiled"
         profiled = self._profiler.stop(self._producers.producers)
         self._profiler = None
+        # The profiler slows every op down: the same number of steps without
+        # it give the step's real time, and the ready times are scaled to it.
+        plain = []
+        for _ in range(self.profiled_steps):
+            plain.append((yield "timed"))
         n = self.compression.num_tensors
+        plain = float(np.median(plain))
         if profiled:
             ready = np.nanmedian(np.stack([p.ready for p in profiled]), axis=0) \
                 if any(np.isfinite(p.ready).any() for p in profiled) else np.full(n, np.nan)
-            step = float(np.median([p.seconds for p in profiled]))
+            under_profiler = float(np.median([p.seconds for p in profiled]))
             unseen = int(np.isnan(ready).sum())
             if unseen:
                 self.profile_note = "%d of %d gradients not seen in the profile" % (unseen, n)
         else:
-            ready, step = np.full(n, np.nan), float(np.median(seconds))
+            ready, under_profiler = np.full(n, np.nan), plain
             self.profile_note = self.profile_note or "no profile"
-        ready, step = self._mean_over_workers(ready), self._average_over_workers(step)
-        result = search_core.ProfileResult(step, ready)
+        ready = self._mean_over_workers(ready)
+        under_profiler = self._average_over_workers(under_profiler)
+        plain = self._average_over_workers(plain)
+        ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
         seen = ready[np.isfinite(ready)]
-        self._log("profiled one group over %d steps: %.1f ms/step, gradients ready from %s to "
-                  "%s ms%s" % (self.profiled_steps, 1e3 * step,
-                               "%.1f" % (1e3 * seen.min()) if seen.size else "?",
-                               "%.1f" % (1e3 * seen.max()) if seen.size else "?",
-                               " (%s)" % self.profile_note if self.profile_note else ""))
-        return result
+        self._log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
+                  "gradients ready from %s to %s ms%s" % (
+                      self.profiled_steps, 1e3 * plain, 1e3 * under_profiler,
+                      "%.1f" % (1e3 * seen.min()) if seen.size else "?",
+                      "%.1f" % (1e3 * seen.max()) if seen.size else "?",
+                      " (%s)" % self.profile_note if self.profile_note else ""))
+        return search_core.ProfileResult(plain, ready)
 
     def _probe_layouts(self, layouts):
         started = time.perf_counter()

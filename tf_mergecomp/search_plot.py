@@ -19,7 +19,8 @@ def plot_search(algorithm, choice, path):
     import matplotlib.pyplot as plt
 
     counts = list(range(2, max(algorithm.max_groups, 2) + 1))
-    fig, axes = plt.subplots(1, len(counts), figsize=(5.2 * len(counts), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(counts), figsize=(5.2 * len(counts), 4.2), squeeze=False,
+                             sharey=True)
     measured = algorithm.measured_seconds()
     n = algorithm.num_tensors
     choice = tuple(choice) if choice is not None else None

@@ -8,8 +8,8 @@ tc-shaped links (``netns.VirtualCluster``), ranks started by
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
 (``partitions="layerwise"``), one group (``partitions=1``) and the partition
-searched during warmup: by training step times (``MergeCompCallback``) or, with
-``--search-on exchange``, by exchange times (worker.py).
+``MergeCompCallback``'s search chose during warmup (with ``--search-on exchange``,
+the same search with the exchange alone as the step; worker.py).
 
 Batches: the configs run in batches, each in a fresh set of rank processes
 (``plan_batches``): Horovod fp32 and fp16, then one batch per algorithm with
