@@ -2,9 +2,11 @@
 
     horovodrun -np 2 --gloo .venv/bin/python examples/custom_loop.py [--compressor dgc]
 
-The loop drives the partition search itself with ``PartitionSearch``: it times
-each step, switches MergeComp to each candidate partition (``search.function``
-re-traces the step when the partition changes), and keeps the fastest. The
+The loop drives the partition search itself with ``PartitionSearchDriver``:
+it profiles a few steps, predicts the partitions' step times from them and
+from probes of single groups, then times the best few against one group and
+layer-wise in interleaved rounds (``search.function`` keeps one traced step
+per candidate partition), and keeps the fastest. The
 MergeComp joins the checkpoint so its error-feedback state is saved with the
 model.
 """
@@ -24,7 +26,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from tf_mergecomp import MergeComp, compressors  # noqa: E402
-from tf_mergecomp.search_driver import PartitionSearch  # noqa: E402
+from tf_mergecomp.search_driver import PartitionSearchDriver  # noqa: E402
 
 
 def main():
@@ -53,8 +55,7 @@ def main():
     optimizer = tf.keras.optimizers.SGD(args.learning_rate)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     compression = MergeComp(args.compressor)
-    search = PartitionSearch(compression, steps_per_candidate=3, max_groups=3,
-                             verbose=1 if hvd.rank() == 0 else 0)
+    search = PartitionSearchDriver(compression, max_groups=3, verbose=1 if hvd.rank() == 0 else 0)
 
     def train_step(x, y, first_step):
         with tf.GradientTape() as tape:

@@ -5,7 +5,9 @@
 Each rank trains on its own shard of the 1,797 real 8x8 digit images; the
 gradients are merged into groups, compressed once per group and exchanged
 with one collective per group. During the first steps MergeCompCallback
-measures candidate partitions and keeps the fastest. Rank 0 prints per-epoch
+predicts the partitions' step times from a profiled step and probes of single
+groups, times the best few against one group and layer-wise, and keeps the
+fastest. Rank 0 prints per-epoch
 loss and accuracy, and the test accuracy at the end.
 """
 
@@ -24,7 +26,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 
-from tf_mergecomp import MergeComp, compressors  # noqa: E402
+from tf_mergecomp import MergeComp, MergeCompCallback, compressors  # noqa: E402
 
 
 def parse_args():
@@ -79,10 +81,7 @@ def main():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback()]
     if not args.no_search:
-        from tf_mergecomp.callback import MergeCompCallback
-
-        callbacks.append(MergeCompCallback(compression, steps_per_candidate=3,
-                                           verbose=1 if hvd.rank() == 0 else 0))
+        callbacks.append(MergeCompCallback(compression, verbose=1 if hvd.rank() == 0 else 0))
     if hvd.rank() == 0:
         print("tf_mergecomp: %d workers, %s, %d training images per worker"
               % (hvd.size(), compression.compressor, len(x_train)), flush=True)

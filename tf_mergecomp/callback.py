@@ -1,25 +1,26 @@
 """Keras callback running MergeComp's partition search during the first steps of ``fit``.
 
+    from tf_mergecomp import MergeComp, MergeCompCallback
     compression = MergeComp("efsignsgd")
     model.compile(hvd.DistributedOptimizer(opt, compression=compression), ...)
     model.fit(..., callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                               MergeCompCallback(compression, save_path="partition.json")])
 
 Each step is timed between ``on_train_batch_begin`` and ``on_train_batch_end``
-(Keras has already waited for the step's outputs when the latter runs). For
-each candidate partition the callback calls ``compression.set_partition`` and
-``model.make_train_function(force=True)``, so the next step re-traces with the
-new grouping; it checks from ``compression.collectives_executed`` that every
-timed step really ran ``num_groups * compressor.collectives_per_group()``
-collectives. The search itself, its cost in steps and the saved-file format
-are described in tf_mergecomp/search.py and tf_mergecomp/search_driver.py. If ``fit`` ends
-before the search does, the best partition measured so far is kept (and not
-saved).
+(Keras has already waited for the step's outputs when the latter runs). The
+callback keeps one Keras train function per partition it trains with and
+swaps it into ``model.train_function``, which ``fit`` looks up at every step:
+a candidate is traced once, however many confirm rounds it takes part in.
+It checks from ``compression.collectives_executed`` that every timed step ran
+``num_groups * compressor.collectives_per_group()`` collectives. The search,
+its cost and the saved file are described in tf_mergecomp/search.py and
+tf_mergecomp/search_driver.py. If ``fit`` ends before the search does, the
+fastest candidate measured so far is kept (and not saved).
 """
 
 import tensorflow as tf
 
-from tf_mergecomp.search_driver import PartitionSearch
+from tf_mergecomp.search_driver import KerasTrainFunctions, PartitionSearchDriver
 
 
 class MergeCompCallback(tf.keras.callbacks.Callback):
@@ -27,22 +28,24 @@ class MergeCompCallback(tf.keras.callbacks.Callback):
 
     Args:
       compression: the ``MergeComp`` passed to ``hvd.DistributedOptimizer``.
-      steps_per_candidate: timed steps per candidate partition.
-      max_groups: the most groups tried.
-      save_path: JSON file to save the result to, and to reuse it from in a
-        later run with the same model, world size and compression.
-      verbose: 1 logs each candidate and a summary (rank 0 only); 0 is quiet.
-      log_dir: optional TensorBoard directory for the candidates' times.
-      **search_options: further ``search.PartitionSearcher`` arguments.
+      steps_per_candidate: timed steps of a candidate per confirm round.
+      max_groups: the most groups a predicted candidate may have.
+      save_path: JSON file to save the result to (and a PNG of the search
+        beside it), and to reuse it from in a later run with the same model,
+        world size and compression. Checked for writing before training starts.
+      verbose: 1 logs the search's phases and its result (rank 0 only); 0 is quiet.
+      log_dir: optional TensorBoard directory for the candidates' times (and
+        the PNG when there is no save_path).
+      **search_options: further ``PartitionSearchDriver`` arguments (rounds,
+        finalists, warmup_steps, profiled_steps, ...).
     """
 
-    def __init__(self, compression, steps_per_candidate=5, max_groups=4, save_path=None, verbose=1,
+    def __init__(self, compression, steps_per_candidate=3, max_groups=4, save_path=None, verbose=1,
                  log_dir=None, **search_options):
         super().__init__()
-        self.search = PartitionSearch(
+        self.search = PartitionSearchDriver(
             compression, steps_per_candidate=steps_per_candidate, max_groups=max_groups,
-            save_path=save_path, verbose=verbose, on_partition_change=self._rebuild,
-            log_dir=log_dir, **search_options)
+            save_path=save_path, verbose=verbose, log_dir=log_dir, **search_options)
 
     @property
     def compression(self):
@@ -52,12 +55,17 @@ class MergeCompCallback(tf.keras.callbacks.Callback):
     def done(self):
         return self.search.done
 
-    def _rebuild(self):
-        if self.model is not None:
-            self.model.make_train_function(force=True)
+    def on_train_begin(self, logs=None):
+        if self.search.train_functions is None:
+            self.search.train_functions = KerasTrainFunctions(self.model, self.compression)
+        self.search.check_save_path()
 
     def on_train_batch_begin(self, batch, logs=None):
-        self.search.before_step()
+        steps = self.params.get("steps") if self.params else None
+        # An epoch's last batch may be smaller, which traces the function that
+        # runs it again: not timed, and run on the one-group function.
+        last_of_epoch = steps is not None and steps > 1 and batch == steps - 1
+        self.search.before_step(timeable=not last_of_epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         self.search.after_step()

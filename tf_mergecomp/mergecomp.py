@@ -141,6 +141,11 @@ class MergeComp(tf.Module):
         )
         self._rank_state = rank_state.Tracker()
         self._agreed_description = None
+        # The partition search's step recorder (tf_mergecomp/step_recorder.py),
+        # set only while it traces a profiled step: it sees each group's inputs,
+        # collectives and outputs. None otherwise, and the step has only the
+        # engine's own ops.
+        self.step_recorder = None
 
     # ---- partition ---------------------------------------------------------------
 
@@ -155,6 +160,15 @@ class MergeComp(tf.Module):
     @property
     def tensor_sizes(self):
         return None if self._layout is None else list(self._layout.sizes)
+
+    @property
+    def tensor_shapes(self):
+        """Shapes of the gradient tensors in backprop order (None before the first trace)."""
+        return None if self._layout is None else [s.as_list() for s in self._layout.shapes]
+
+    @property
+    def tensor_dtypes(self):
+        return None if self._layout is None else [d.name for d in self._layout.dtypes]
 
     @property
     def splits(self):
@@ -275,10 +289,16 @@ class MergeComp(tf.Module):
         with tf.control_dependencies(guards):
             for index, (start, end) in enumerate(grouping.group_bounds(splits, len(order))):
                 with tf.name_scope("mergecomp_group%d" % index):
+                    group, group_communicator = dense[start:end], communicator
+                    if self.step_recorder is not None:
+                        group, group_communicator = self.step_recorder.group_inputs(
+                            index, start, group, communicator)
                     outputs, flags = self._reduce_group(
-                        index, start, dense[start:end], state[start:end] if state else [],
-                        step, communicator,
+                        index, start, group, state[start:end] if state else [],
+                        step, group_communicator,
                     )
+                    if self.step_recorder is not None:
+                        outputs = self.step_recorder.group_outputs(index, start, outputs)
                     if scale_by_size:
                         outputs = [o * communicator.size for o in outputs]
                     reduced[start:end] = outputs

@@ -1,136 +1,144 @@
-"""MergeComp's partition search: pick the grouping from measured step times.
+"""MergeComp's partition search: explore with a step-time model, then confirm with real steps.
 
 MergeComp (Wang, Wu, Ng, "MergeComp: A Compression Scheduler for Scalable
 Communication-Efficient Distributed Training", arXiv 2103.15195) merges the
 gradient tensors, in backprop order, into a few contiguous groups and sends
-one compressed collective per group. How many groups, and where to cut, trades
-per-collective overhead (compression launches, latency) against overlap of
-communication with the rest of backprop. The best choice depends on the model,
-the codec and the network, so it is found by measuring step times during the
-first training steps. This module is that search, free of any framework: it
-sees only ``measure(splits) -> seconds`` and the tensor sizes.
+one compressed collective per group. How many groups and where to cut trades
+the fixed cost of each group (codec launches, one collective each) against
+the overlap of communication with backprop; the answer depends on the model,
+the codec and the network, so it is measured. A partition can only be timed
+by training with it, and that costs a trace of the train step (tens of
+seconds for a large model), so the search measures parts once and predicts:
 
-Layouts
-  N tensors in backprop order; a layout is a sorted tuple of split indices in
-  (0, N): ``()`` is one group, ``(1, ..., N-1)`` is layer-wise, ``(s,)`` puts
-  tensors [0, s) in the first group and [s, N) in the second.
+Explore (no trace of the model per candidate)
+  1. Profile: a few training steps with one group, profiled: when each
+     gradient becomes ready and how long the step takes.
+  2. Probe: each group of a few balanced layouts (1, 2, 4, 8, 16 groups) is
+     encoded, exchanged and decoded alone on tensors of the real shapes
+     (tf_mergecomp/step_recorder.py); a fixed cost plus a cost per element and
+     per tensor is fitted to each part.
+  3. Predict every candidate's step time with the step-time model
+     (tf_mergecomp/step_model.py) and pick the fastest layout of each group
+     count from 2 to ``max_groups`` (every layout when there are at most
+     ``exhaustive_limit`` of that count, else a grid of cut positions refined
+     cut by cut). The groups of those layouts are probed too and the
+     prediction repeated (``refinements`` times at most) so that the finalists
+     stand on measured groups rather than on the fit.
+Confirm (real training steps)
+  4. The finalists (at most ``finalists``: the predicted best of each group
+     count, then the next best overall) and both sentinels, one group and
+     layer-wise, are timed by training steps, interleaved: ``rounds`` rounds,
+     each timing every candidate once, in an order rotated by one each round,
+     so that a slow spell of the machine falls on all of them. A candidate
+     whose best round is slower than the leader's worst round (from the
+     second round on) is dropped. The result is the candidate with the lowest
+     median over its rounds: never one measured slower than a sentinel.
 
-Algorithm
-  1. Sentinels: measure one group ``()`` and layer-wise ``(1, ..., N-1)``.
-  2. Two groups: a discrete golden-section search for the split s in (0, N),
-     assuming step time is roughly unimodal in s. Probes are placed on a
-     coordinate that is mostly cumulative bytes (``byte_weight`` of it, the
-     rest the tensor index, which keeps every step shrinking the bracket by
-     tensors too), so the cut lands between the tensors that carry the bytes.
-     When the two probes compare within ``close_call`` (relative), both are
-     measured again (once per point at most ``max_repeats`` times) and their
-     means compared. With at most ``exhaustive_below`` tensors left in the
-     bracket, every remaining split is measured.
-  3. y + 1 groups from the best y-group layout L. In a pipelined step the time
-     is set by the slowest stage, so adding one cut while the others stay put
-     seldom helps: they must move together. Two one-parameter families move
-     every cut: "a new group in front" (a new first cut t, and L squeezed on
-     the axis into [t, N)) and "a new group at the back" (L squeezed into
-     [0, t), then t). Each gets one scout probe at a self-similar guess; the
-     better family is golden-section searched over t (seeded with its scout);
-     then each cut of the winner is refined alone (probes one sixteenth of
-     its free range away on either side, doubling steps while it improves,
-     then golden-section search in the bracket found).
-  4. Stop when y + 1 groups are not faster than y groups by ``min_improvement``
-     (relative), when no group can be split, or at ``max_groups``.
-  The result is the fastest layout measured in any stage, sentinels included.
-  Every measurement is cached: asking again for a measured layout is free,
-  except close-call repeats, which are new measurements averaged into it.
+The algorithm is framework-free and driven by requests: ``start()`` returns
+the first request, ``answer(value)`` the next (None when done).
 
-State
-  The measurement cache (layout -> list of seconds), the stage, the pending
-  proposal, and the log of measurements. ``PartitionSearcher`` is a state
-  machine: ``propose()`` returns the next layout to time (``None`` when
-  ``done``), ``report(splits, seconds)`` gives its time. It never calls a
-  clock itself, so a training loop drives it one candidate at a time and all
-  workers stay in lockstep when they report the same (averaged) times.
+  ``Profile(splits)``  train with this layout, profile ``profiled_steps``
+                       steps; answer a ``ProfileResult``.
+  ``Probe(layouts)``   time each group of each layout alone; answer one
+                       [groups, 3] array of encode, collective, decode seconds
+                       per layout.
+  ``Time(splits)``     one confirm round of this candidate: train with it
+                       and answer its seconds per step.
 
-Cost (in candidate measurements, M)
-  With G = ``max_groups`` and B = ``max_measurements_per_stage`` (default
-  ceil(2 * log2(N)) + 6, a hard cap per group count), M <= 2 + (G - 1) * B.
-  The two-group stage takes about log_phi(N / exhaustive_below) + 2
-  measurements (phi = 1.618) plus close-call repeats (at most
-  ``max_repeats_per_stage``); later stages add 2 scouts and the refinement.
-  A measurement of k steps (``steps_per_candidate``) costs k + 1 training steps
-  when the layout changes (the first step after the change re-traces and is
-  discarded) and k when it repeats the layout already in place, so the search
-  costs at most M * (k + 1) steps, plus the first step of training.
-  Example: ResNet50 has N = 214 gradient tensors, B = ceil(15.48) + 6 = 22.
-  With G = 4: M <= 2 + 3 * 22 = 68, i.e. at most 408 steps at k = 5. On the
-  synthetic pipeline model of ResNet50's sizes in tests/test_search.py the
-  search took M = 49 (2 + 12 + 13 + 22; 292 steps at k = 5) without noise and
-  M = 57 (340 steps) with 3% noise; with G = 3, M = 27 to 35 (162 to 208 steps).
-  Every measured layout change also costs one re-trace of the train function.
+Every worker must answer the same values (averaged over workers), so that all
+take the same decisions. ``tf_mergecomp/search_driver.py`` answers them from a
+training loop; ``run_search`` from plain functions (tests, simulations).
 
-Measuring one candidate
-  ``robust_seconds(step_times)`` is the median of the step times after the
-  discarded re-trace step; the callback (tf_mergecomp/callback.py) and the
-  custom-loop driver (tf_mergecomp/search_driver.py) use it and average it
-  over workers before reporting, so every worker takes the same decisions.
+Layouts: N tensors in backprop order; a layout is a sorted tuple of split
+indices in (0, N): ``()`` is one group, ``(1, ..., N - 1)`` layer-wise.
 """
 
-import bisect
 import math
 import numbers
 
-from tf_mergecomp.grouping import layerwise_splits
+import numpy as np
 
-GOLDEN_FRACTION = (3.0 - math.sqrt(5.0)) / 2.0  # 0.381966...: the golden-section probe
-
-
-def robust_seconds(step_seconds):
-    """Median of a candidate's step times (the re-trace step already removed)."""
-    values = sorted(float(s) for s in step_seconds)
-    if not values:
-        raise ValueError("no step times to summarize")
-    middle = len(values) // 2
-    if len(values) % 2:
-        return values[middle]
-    return 0.5 * (values[middle - 1] + values[middle])
+from tf_mergecomp import step_model
+from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 
 
-class _StageBudgetExhausted(Exception):
-    pass
+# Extra finalists of one group count cut at least this far from each other
+# (see PartitionSearchAlgorithm._distance), when the predictions allow.
+FINALIST_SPACING = 0.03
+# Layouts ranked per group count, from which the finalists are chosen.
+RANKED_PER_GROUP_COUNT = 16
+# On a grid, the best this many layouts are refined cut by cut.
+REFINED_SEEDS = 8
 
 
-class PartitionSearcher:
-    """Step-by-step search for the fastest partition of N gradient tensors.
+class Profile:
+    """Request: profile training steps with ``splits``."""
 
-    Args:
-      sizes: element counts (or bytes) of the N tensors in backprop order.
-      max_groups: the most groups a candidate may have (>= 1).
-      min_improvement: relative gain y + 1 groups must show over y groups to
-        go on to y + 2.
-      close_call: relative difference below which two golden-section probes
-        are measured again before one side of the bracket is dropped.
-      max_repeats: the most times one layout is measured by close-call repeats
-        (its first measurement included).
-      max_measurements_per_stage: hard cap on measurements per group count
-        (default ceil(2 * log2(N)) + 4); a stage that reaches it ends with the
-        best layout it measured.
-      exhaustive_below: with at most this many candidate cuts left in a
-        bracket, all of them are measured.
-      byte_weight: weight of cumulative bytes (vs. tensor index) in the axis on
-        which probes are placed, in [0, 1].
+    kind = "profile"
+
+    def __init__(self, splits):
+        self.splits = tuple(splits)
+
+    def __repr__(self):
+        return "Profile(%r)" % (self.splits,)
+
+
+class Probe:
+    """Request: time each group of each layout alone."""
+
+    kind = "probe"
+
+    def __init__(self, layouts):
+        self.layouts = [tuple(layout) for layout in layouts]
+
+    def __repr__(self):
+        return "Probe(%d layouts)" % len(self.layouts)
+
+
+class Time:
+    """Request: one confirm round of ``splits``; ``first`` when it has not
+    trained yet (its train step is traced for it)."""
+
+    kind = "time"
+
+    def __init__(self, splits, first):
+        self.splits = tuple(splits)
+        self.first = first
+
+    def __repr__(self):
+        return "Time(%r)" % (self.splits,)
+
+
+class ProfileResult:
+    """What a profile measured.
+
+    seconds: the step time; ready: per gradient (backprop order) seconds from
+    the step's start until it was ready, NaN where not seen.
     """
 
-    def __init__(
-        self,
-        sizes,
-        max_groups=4,
-        min_improvement=0.02,
-        close_call=0.02,
-        max_repeats=2,
-        max_repeats_per_stage=4,
-        max_measurements_per_stage=None,
-        exhaustive_below=3,
-        byte_weight=0.75,
-    ):
+    def __init__(self, seconds, ready):
+        self.seconds = float(seconds)
+        self.ready = np.asarray(ready, dtype=np.float64)
+
+
+class PartitionSearchAlgorithm:
+    """The search of the module docstring, one request at a time.
+
+    Args:
+      sizes: element counts of the N gradient tensors in backprop order.
+      max_groups: the most groups a finalist may have (>= 1).
+      finalists: how many predicted layouts are confirmed beside the sentinels.
+      rounds: confirm rounds.
+      codec_on_compute, decodes_after_backprop: where the codec runs, for the
+        step-time model (see tf_mergecomp/step_model.py).
+      exhaustive_limit: evaluate every layout of a group count when there are
+        at most this many, else search a grid and refine.
+      refinements: how many times the finalists' groups are probed and the
+        prediction repeated.
+    """
+
+    def __init__(self, sizes, max_groups=4, finalists=3, rounds=4, codec_on_compute=True,
+                 decodes_after_backprop=False, exhaustive_limit=20_000, refinements=2):
         sizes = list(sizes)
         if not sizes:
             raise ValueError("sizes must list at least one tensor size")
@@ -138,321 +146,342 @@ class PartitionSearcher:
             if isinstance(size, bool) or not isinstance(size, numbers.Real) or size < 0:
                 raise ValueError("sizes must be non-negative numbers, got %r" % (size,))
         _check_int("max_groups", max_groups, 1)
-        _check_fraction("min_improvement", min_improvement)
-        _check_fraction("close_call", close_call)
-        _check_int("max_repeats", max_repeats, 1)
-        _check_int("max_repeats_per_stage", max_repeats_per_stage, 0)
-        _check_int("exhaustive_below", exhaustive_below, 1)
-        _check_fraction("byte_weight", byte_weight)
-        n = len(sizes)
-        if max_measurements_per_stage is None:
-            max_measurements_per_stage = int(math.ceil(2.0 * math.log2(max(n, 2)))) + 6
-        _check_int("max_measurements_per_stage", max_measurements_per_stage, 2)
-
+        _check_int("finalists", finalists, 0)
+        _check_int("rounds", rounds, 1)
+        _check_int("exhaustive_limit", exhaustive_limit, 1)
+        _check_int("refinements", refinements, 0)
         self.sizes = sizes
-        self.num_tensors = n
-        self.max_groups = max_groups
-        self.min_improvement = float(min_improvement)
-        self.close_call = float(close_call)
-        self.max_repeats = max_repeats
-        self.max_repeats_per_stage = max_repeats_per_stage
-        self.max_measurements_per_stage = max_measurements_per_stage
-        self.exhaustive_below = exhaustive_below
-        self.byte_weight = float(byte_weight)
+        self.num_tensors = len(sizes)
+        self.max_groups = min(max_groups, self.num_tensors)
+        self.finalists = finalists
+        self.rounds = rounds
+        self.codec_on_compute = bool(codec_on_compute)
+        self.decodes_after_backprop = bool(decodes_after_backprop)
+        self.exhaustive_limit = exhaustive_limit
+        self.refinements = refinements
 
-        cumulative = [0.0]
-        for size in sizes:
-            cumulative.append(cumulative[-1] + float(size))
-        total = cumulative[-1]
-        self._axis = [
-            self.byte_weight * (c / total if total > 0 else i / n) + (1.0 - self.byte_weight) * i / n
-            for i, c in enumerate(cumulative)
-        ]
-
-        self._samples = {}  # layout -> [seconds, ...]
-        self.measurements = []  # [(stage, layout, seconds)] in the order measured
-        self.stage = None  # group count being searched; "sentinels" first
-        self.stage_best = {}  # group count -> best layout of that stage
-        self._stage_counts = {}
-        self._stage_repeats = {}
+        self.phase = None  # "explore", "confirm", "done"
+        self.profile = None  # ProfileResult of one group
+        self.ready = None  # the ready times the model used
+        self.probed = {}  # (lo, hi) -> [encode, collective, decode] seconds
+        self.model = None  # the final StepTimeModel
+        self.predictions = {}  # layout -> predicted seconds (every layout ranked)
+        self.finalist_layouts = []
+        self.candidates = []  # confirmed layouts: sentinels first
+        self.rounds_measured = []  # per round: {layout: seconds}
+        self.dropped = {}  # layout -> round after which it was dropped
+        self.choice = None
+        self.notes = []
+        self._plan = None
         self._pending = None
-        self._plan = self._run()
-        self.done = False
-        self._advance()
+        self._axis = None
 
-    # ----------------------------------------------------------------- driving
-    def propose(self):
-        """The layout to measure next (a tuple of splits), or None when done."""
+    # ------------------------------------------------------------------ driving
+    def start(self):
+        if self._plan is not None:
+            raise RuntimeError("the search has started already")
+        self._plan = self._run()
+        return self._advance(None)
+
+    def answer(self, value):
+        if self._pending is None:
+            raise RuntimeError("no request is pending (the search is done)")
+        return self._advance(value)
+
+    @property
+    def pending(self):
         return self._pending
 
-    def report(self, splits, seconds):
-        """Gives the measured time of the layout ``propose()`` returned."""
-        splits = tuple(int(s) for s in splits)
-        if self._pending is None:
-            raise ValueError("no measurement is pending (the search is done)")
-        if splits != self._pending:
-            raise ValueError("reported %r but the pending proposal is %r" % (splits, self._pending))
-        seconds = float(seconds)
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError("seconds must be a finite non-negative number, got %r" % (seconds,))
-        self._samples.setdefault(splits, []).append(seconds)
-        self.measurements.append((self.stage, splits, seconds))
-        self._stage_counts[self.stage] = self._stage_counts.get(self.stage, 0) + 1
-        self._pending = None
-        self._advance()
-
     @property
-    def best(self):
-        """The fastest layout measured so far (None before any measurement)."""
-        if not self._samples:
-            return None
-        return min(self._samples, key=lambda layout: (self.estimate(layout), len(layout)))
+    def done(self):
+        return self.phase == "done"
 
-    @property
-    def best_seconds(self):
-        best = self.best
-        return None if best is None else self.estimate(best)
-
-    def estimate(self, splits):
-        """Mean measured seconds of a layout, or None if never measured."""
-        samples = self._samples.get(tuple(splits))
-        return None if not samples else sum(samples) / len(samples)
-
-    def measured_layouts(self):
-        """{layout: mean seconds} of every layout measured."""
-        return {layout: self.estimate(layout) for layout in self._samples}
-
-    def measurements_per_stage(self):
-        """{stage: number of measurements}; stages are "sentinels", 2, 3, ..."""
-        return dict(self._stage_counts)
-
-    # ---------------------------------------------------------------- the plan
-    def _advance(self):
+    def _advance(self, value):
         try:
-            self._pending = next(self._plan)
+            self._pending = self._plan.send(value) if self._pending is not None else next(self._plan)
         except StopIteration:
             self._pending = None
-            self.done = True
+            self.phase = "done"
+        return self._pending
 
-    def _measure(self, layout, repeat=False):
-        """Generator: measures ``layout`` unless cached (or repeat=True); returns its mean."""
-        if layout in self._samples and not repeat:
-            return self.estimate(layout)
-        if self.stage != "sentinels" and self._stage_counts.get(self.stage, 0) >= self.max_measurements_per_stage:
-            raise _StageBudgetExhausted()
-        yield layout
-        return self.estimate(layout)
+    # ------------------------------------------------------------------ results
+    @property
+    def sentinels(self):
+        n = self.num_tensors
+        return [()] if n == 1 or self.max_groups == 1 else [(), layerwise_splits(n)]
 
+    def measured_seconds(self):
+        """{layout: median seconds over its confirm rounds}."""
+        values = {}
+        for measured in self.rounds_measured:
+            for layout, seconds in measured.items():
+                values.setdefault(layout, []).append(seconds)
+        return {layout: float(np.median(v)) for layout, v in values.items()}
+
+    def rounds_of(self, layout):
+        return [measured[layout] for measured in self.rounds_measured if layout in measured]
+
+    # --------------------------------------------------------------------- plan
     def _run(self):
+        self.phase = "explore"
+        if self.max_groups == 1:
+            self.choice = ()
+            self.notes.append("one group is the only layout allowed")
+            return
         n = self.num_tensors
-        self.stage = "sentinels"
-        yield from self._measure(())
-        if n == 1 or self.max_groups == 1:
-            return
-        yield from self._measure(layerwise_splits(n))
-        previous = ()
-        for groups in range(2, min(self.max_groups, n) + 1):
-            self.stage = groups
-            self._stage_counts.setdefault(groups, 0)
-            stage_layouts = []
-            try:
-                yield from self._add_one_split(previous, stage_layouts)
-            except _StageBudgetExhausted:
-                pass
-            stage_layouts = [layout for layout in stage_layouts if layout in self._samples]
-            if not stage_layouts:
-                return
-            best = min(stage_layouts, key=self.estimate)
-            self.stage_best[groups] = best
-            if self.estimate(best) > self.estimate(previous) * (1.0 - self.min_improvement):
-                return
-            previous = best
+        profiled = yield Profile(())
+        self.profile = profiled
+        probe_layouts = _unique([balanced_splits(self.sizes, g)
+                                 for g in (1, 2, 4, 8, 16) if g <= n])
+        yield from self._probe(probe_layouts)
+        self._predict()
+        for _ in range(self.refinements):
+            unmeasured = [layout for layout in self._best_per_group_count()
+                          if not all(group in self.probed for group in _groups(layout, n))]
+            if not unmeasured:
+                break
+            yield from self._probe(unmeasured)
+            self._predict()
+        self.finalist_layouts = self._choose_finalists()
+        yield from self._confirm()
 
-    def _add_one_split(self, parent, stage_layouts):
-        """Generator: searches the best layout with one group more than ``parent``.
+    def _probe(self, layouts):
+        results = yield Probe(layouts)
+        if len(results) != len(layouts):
+            raise ValueError("a probe answer must hold one array per layout")
+        for layout, seconds in zip(layouts, results):
+            seconds = np.asarray(seconds, dtype=np.float64).reshape(-1, 3)
+            groups = _groups(layout, self.num_tensors)
+            if len(seconds) != len(groups):
+                raise ValueError("layout %r has %d groups but %d were timed"
+                                 % (layout, len(groups), len(seconds)))
+            for group, parts in zip(groups, seconds):
+                self.probed[group] = parts
 
-        Adding a cut while the old ones stay put rarely helps on its own: in a
-        pipelined step, the time is set by the slowest stage, so the old cuts
-        have to move too. The search therefore runs along two one-parameter
-        families that move every cut: a new group in front (the parent's
-        layout squeezed, on the axis, into what follows the new first cut t),
-        and a new group at the back (the parent squeezed before a new last cut
-        t). One scout per family picks the family, a golden-section search
-        finds t, and the cuts are then refined one at a time.
-        """
-        n = self.num_tensors
-        if not parent:
-            yield from self._line_search(lambda cut: (cut,), 0, n, None, stage_layouts)
-            return
-        count = len(parent)
-        total = self._axis[n]
-        parent_positions = [self._axis[c] / total for c in parent]
+    def _predict(self):
+        groups = sorted(self.probed)
+        fitted = step_model.LinearGroupCosts.fit(self.sizes, groups,
+                                                 [self.probed[g] for g in groups])
+        costs = step_model.MeasuredGroupCosts(fitted, self.probed)
+        self.ready = _fill_ready(self.profile.ready, self.sizes)
+        model = step_model.StepTimeModel(self.ready, costs, 0.0, self.codec_on_compute,
+                                         self.decodes_after_backprop)
+        # The tail (optimizer update, per-step overhead) is what the measured
+        # one-group step leaves unexplained; one constant for every layout.
+        model.tail = max(0.0, self.profile.seconds - model.step_time(()))
+        self.model = model
+        self.predictions = {}
+        if self.num_tensors > self.max_groups:
+            # The layer-wise sentinel too, for the record (it is confirmed anyway).
+            layerwise = layerwise_splits(self.num_tensors)
+            self.predictions[layerwise] = model.step_time(layerwise)
+        for groups_count in range(1, self.max_groups + 1):
+            for layout, seconds in best_layouts(model, groups_count,
+                                                count=RANKED_PER_GROUP_COUNT,
+                                                exhaustive_limit=self.exhaustive_limit,
+                                                sizes=self.sizes):
+                self.predictions[layout] = seconds
 
-        def in_front(cut):
-            start = self._axis[cut]
-            targets = [start + z * (total - start) for z in parent_positions]
-            return self._fit((cut,), targets, cut + 1, n - 1, after=True)
+    def _best_per_group_count(self):
+        best = {}
+        for layout, seconds in self.predictions.items():
+            count = len(layout) + 1
+            if 2 <= count <= self.max_groups and (count not in best or seconds < best[count][1]):
+                best[count] = (layout, seconds)
+        return [best[count][0] for count in sorted(best)]
 
-        def at_back(cut):
-            end = self._axis[cut]
-            targets = [z * end for z in parent_positions]
-            return self._fit((cut,), targets, 1, cut - 1, after=False)
-
-        first, last = parent_positions[0], parent_positions[-1]
-        families = []
-        if n - count > 1:  # room for t in (0, n - count)
-            scout = self._place(0, n - count, 0.0, first * first * total)
-            families.append((in_front, 0, n - count, scout))
-        if n - count > 1:  # room for t in (count, n)
-            scout = self._place(count, n, 0.0, (1.0 - (1.0 - last) ** 2) * total)
-            families.append((at_back, count, n, scout))
-        scouted = []
-        for layout_of, lo, hi, scout in families:
-            seconds = yield from self._value(layout_of(scout), stage_layouts)
-            scouted.append((seconds, len(scouted), layout_of, lo, hi, scout))
-        if not scouted:
-            return
-        _, _, layout_of, lo, hi, scout = min(scouted, key=lambda entry: entry[:2])
-        yield from self._line_search(layout_of, lo, hi, scout, stage_layouts)
-        best = min(stage_layouts, key=self.estimate)
-        for position in range(len(best)):
-            # A refined cut stays between its neighbours, so positions hold.
-            best = yield from self._refine(best, best[position], stage_layouts)
-
-    def _fit(self, fixed, targets, low, high, after):
-        """Cuts nearest to the axis ``targets``, made strictly increasing within [low, high]."""
-        cuts = []
-        for target in targets:
-            cut = self._place(low - 1, high + 1, 0.0, target)
-            cuts.append(min(max(cut, low), high))
-        for i in range(1, len(cuts)):
-            cuts[i] = max(cuts[i], cuts[i - 1] + 1)
-        if cuts and cuts[-1] > high:
-            cuts[-1] = high
-            for i in range(len(cuts) - 2, -1, -1):
-                cuts[i] = min(cuts[i], cuts[i + 1] - 1)
-        return tuple(fixed) + tuple(cuts) if after else tuple(cuts) + tuple(fixed)
-
-    def _refine(self, layout, cut, stage_layouts):
-        """Generator: moves one cut of ``layout`` to a local optimum; returns the new layout."""
-        others = tuple(c for c in layout if c != cut)
-        position = layout.index(cut)
-        lo = layout[position - 1] if position > 0 else 0
-        hi = layout[position + 1] if position + 1 < len(layout) else self.num_tensors
-        if hi - lo <= 2:
-            return layout
-
-        def layout_of(c):
-            return _with_cut(others, c)
-
-        current = yield from self._value(layout, stage_layouts)
-        step = (self._axis[hi] - self._axis[lo]) / 16.0
-        neighbours = []
-        for direction in (1, -1):
-            probe = self._step(cut, direction, step, lo, hi)
-            if probe is not None:
-                neighbours.append(((yield from self._value(layout_of(probe), stage_layouts)), direction, probe))
-        improving = [entry for entry in neighbours if entry[0] < current]
-        if improving:
-            seconds, direction, at = min(improving)
-            behind = cut
-            while True:
-                step *= 2.0
-                ahead = self._step(at, direction, step, lo, hi)
-                if ahead is None:
-                    ahead = hi if direction > 0 else lo
+    def _choose_finalists(self):
+        """The predicted best of each group count, then the best predicted
+        layouts that are not near one already chosen: finalists spread out
+        hedge against the model being wrong about where to cut."""
+        sentinels = set(self.sentinels)
+        ranked = sorted((l for l in self.predictions if l not in sentinels),
+                        key=lambda l: (self.predictions[l], len(l)))
+        per_count = sorted((l for l in self._best_per_group_count() if l not in sentinels),
+                           key=lambda l: self.predictions[l])
+        chosen = per_count[:self.finalists]
+        for near_limit in (FINALIST_SPACING, 0.0):
+            for layout in ranked:
+                if len(chosen) >= self.finalists:
                     break
-                ahead_seconds = yield from self._value(layout_of(ahead), stage_layouts)
-                if ahead_seconds >= seconds:
+                if layout not in chosen and all(self._distance(layout, other) > near_limit
+                                                for other in chosen):
+                    chosen.append(layout)
+        return sorted(chosen, key=lambda l: self.predictions[l])
+
+    def _distance(self, a, b):
+        """How far apart two layouts cut, on an axis half cumulative size, half
+        tensor index (each from 0 to 1); layouts of different group counts are 1 apart."""
+        if len(a) != len(b):
+            return 1.0
+        if self._axis is None:
+            cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(self.sizes, dtype=float))])
+            total = cumulative[-1] if cumulative[-1] > 0 else 1.0
+            index = np.arange(self.num_tensors + 1) / self.num_tensors
+            self._axis = 0.5 * cumulative / total + 0.5 * index
+        return max((abs(self._axis[x] - self._axis[y]) for x, y in zip(a, b)), default=0.0)
+
+    def _confirm(self):
+        self.phase = "confirm"
+        self.candidates = list(self.sentinels) + list(self.finalist_layouts)
+        active = list(self.candidates)
+        started = set()
+        for round_index in range(self.rounds):
+            measured = {}
+            self.rounds_measured.append(measured)
+            for layout in _rotated(active, round_index):
+                seconds = yield Time(layout, first=layout not in started)
+                started.add(layout)
+                measured[layout] = float(seconds)
+            if round_index >= 1 and round_index + 1 < self.rounds:
+                active = self._drop_clear_losers(active, round_index)
+                if len(active) == 1:
                     break
-                behind, at, seconds = at, ahead, ahead_seconds
-            left, right = sorted((behind, ahead))
-            yield from self._line_search(layout_of, left, right, at, stage_layouts)
-        return min((l for l in stage_layouts if set(others) <= set(l) and len(l) == len(layout)),
-                   key=self.estimate)
+        estimates = self.measured_seconds()
+        self.choice = min(estimates, key=lambda l: (estimates[l], len(l)))
 
-    def _value(self, layout, stage_layouts, repeat=False):
-        """Generator: the mean time of a layout of this stage, measuring it if needed."""
-        seconds = yield from self._measure(layout, repeat=repeat)
-        stage_layouts.append(layout)
-        return seconds
+    def _drop_clear_losers(self, active, round_index):
+        estimates = self.measured_seconds()
+        leader = min(active, key=lambda l: estimates[l])
+        leader_worst = max(self.rounds_of(leader))
+        kept = []
+        for layout in active:
+            if layout != leader and min(self.rounds_of(layout)) > leader_worst:
+                self.dropped[layout] = round_index + 1
+            else:
+                kept.append(layout)
+        return kept
 
-    def _line_search(self, layout_of, lo, hi, seed, stage_layouts):
-        """Generator: golden-section search of one cut in the open range (lo, hi).
+    # --------------------------------------------------------------- reporting
+    def summary(self):
+        """A JSON-able account of the search."""
+        measured = self.measured_seconds()
 
-        ``seed``, when given, is a cut in (lo, hi) to start from (already measured).
-        """
+        def entry(layout):
+            return {"splits": list(layout), "groups": len(layout) + 1,
+                    "predicted_s": self.predictions.get(layout),
+                    "measured_s": measured.get(layout),
+                    "rounds_s": self.rounds_of(layout),
+                    "dropped_after_round": self.dropped.get(layout)}
 
-        def value(cut, repeat=False):
-            return (yield from self._value(layout_of(cut), stage_layouts, repeat=repeat))
-
-        a, b = lo, hi
-        if b - a - 1 > self.exhaustive_below:
-            first = seed if seed is not None else self._place(a, b, GOLDEN_FRACTION)
-            x1, x2 = sorted((first, self._partner(a, b, first)))
-            while True:
-                f1 = yield from value(x1)
-                f2 = yield from value(x2)
-                if self._is_close(f1, f2) and self._repeats_left() >= 2:
-                    # The later-measured probe first: it is usually still in place.
-                    for cut in (x2, x1):
-                        if len(self._samples[layout_of(cut)]) < self.max_repeats:
-                            self._stage_repeats[self.stage] = self._stage_repeats.get(self.stage, 0) + 1
-                            yield from value(cut, repeat=True)
-                    f1 = self.estimate(layout_of(x1))
-                    f2 = self.estimate(layout_of(x2))
-                if f1 <= f2:
-                    b, kept = x2, x1
-                else:
-                    a, kept = x1, x2
-                if b - a - 1 <= self.exhaustive_below:
-                    break
-                x1, x2 = sorted((kept, self._partner(a, b, kept)))
-        for cut in range(a + 1, b):
-            yield from value(cut)
-
-    def _repeats_left(self):
-        return self.max_repeats_per_stage - self._stage_repeats.get(self.stage, 0)
-
-    def _is_close(self, f1, f2):
-        return abs(f1 - f2) <= self.close_call * min(f1, f2)
-
-    def _partner(self, lo, hi, kept):
-        """The second golden-section probe in (lo, hi): on the wider side of ``kept``."""
-        middle = 0.5 * (self._axis[lo] + self._axis[hi])
-        fraction = 1.0 - GOLDEN_FRACTION if self._axis[kept] <= middle else GOLDEN_FRACTION
-        cut = self._place(lo, hi, fraction)
-        if cut == kept:
-            cut = kept + 1 if hi - kept > kept - lo else kept - 1
-        return cut
-
-    def _step(self, cut, direction, distance, lo, hi):
-        """The cut about ``distance`` along the axis from ``cut`` (at least one tensor), or None."""
-        target = self._axis[cut] + direction * distance
-        if direction > 0:
-            if cut + 1 >= hi:
-                return None
-            return max(cut + 1, self._place(cut, hi, 0.0, target))
-        if cut - 1 <= lo:
-            return None
-        return min(cut - 1, self._place(lo, cut, 0.0, target))
-
-    def _place(self, lo, hi, fraction, target=None):
-        """The cut in (lo, hi) nearest to ``fraction`` of the way along the axis (or to ``target``)."""
-        if target is None:
-            target = self._axis[lo] + fraction * (self._axis[hi] - self._axis[lo])
-        right = bisect.bisect_left(self._axis, target, lo + 1, hi)
-        best = None
-        for cut in (right - 1, right):
-            if lo < cut < hi and (
-                best is None or abs(self._axis[cut] - target) < abs(self._axis[best] - target)
-            ):
-                best = cut
-        return best if best is not None else (lo + hi) // 2
+        return {
+            "choice": None if self.choice is None else list(self.choice),
+            "candidates": [entry(layout) for layout in self.candidates],
+            "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s}
+                            for l, s in sorted(self.predictions.items(), key=lambda x: x[1])],
+            "profile_step_s": None if self.profile is None else self.profile.seconds,
+            "ready_s": None if self.ready is None else [float(r) for r in self.ready],
+            "costs": (None if self.model is None
+                      else self.model.costs.fitted.describe()),
+            "probed_groups": len(self.probed),
+            "model": None if self.model is None else {
+                "tail_s": self.model.tail, "codec_on_compute": self.codec_on_compute,
+                "decodes_after_backprop": self.decodes_after_backprop},
+            "notes": list(self.notes),
+        }
 
 
-def _with_cut(parent, cut):
-    return tuple(sorted(set(parent) | {cut}))
+def best_layouts(model, groups, count=4, exhaustive_limit=20_000, sizes=None):
+    """The ``count`` fastest layouts of exactly ``groups`` groups under ``model``:
+    [(layout, seconds)] fastest first. All layouts are evaluated when there are
+    at most ``exhaustive_limit``; otherwise a grid of cut positions (half at
+    equal steps of cumulative size, half of tensor index) is evaluated and the
+    best grid layouts are refined one cut at a time over every position
+    between their neighbours until no cut moves. ``sizes`` (the tensors'
+    element counts) place the grid; without them it is by index alone."""
+    n = model.num_tensors
+    if groups == 1:
+        return [((), model.step_time(()))]
+    if groups > n:
+        return []
+    cuts = groups - 1
+    if math.comb(n - 1, cuts) <= exhaustive_limit:
+        layouts = step_model.layouts_with_groups(n, groups)
+        return _top(layouts, model.step_times(layouts), count)
+    grid = _grid_positions(n, cuts, exhaustive_limit, sizes)
+    layouts = step_model.layouts_with_groups(n, groups, grid)
+    ranked = dict(_top(layouts, model.step_times(layouts), count))
+    for layout, seconds in list(ranked.items())[:REFINED_SEEDS]:
+        layout, seconds = _refine_cuts(model, layout, seconds)
+        ranked[layout] = seconds
+    return sorted(ranked.items(), key=lambda item: (item[1], item[0]))[:count]
+
+
+def _grid_positions(n, cuts, limit, sizes):
+    """Cut positions, as many as keep the grid's layouts within ``limit``."""
+    points = cuts
+    while points + 1 < n and math.comb(points + 1, cuts) <= limit:
+        points += 1
+    by_index = np.linspace(0, n, points + 2)[1:-1]
+    if sizes is None:
+        positions = by_index.round().astype(np.int64)
+    else:
+        cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(sizes, dtype=np.float64))])
+        half = points // 2
+        by_size = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], half + 2)[1:-1])
+        by_index = np.linspace(0, n, points - half + 2)[1:-1].round().astype(np.int64)
+        positions = np.concatenate([by_size, by_index])
+    positions = np.unique(positions)
+    return positions[(positions > 0) & (positions < n)]
+
+
+def _refine_cuts(model, layout, seconds):
+    n = model.num_tensors
+    layout = list(layout)
+    for _ in range(8):
+        moved = False
+        for index in range(len(layout)):
+            lo = layout[index - 1] + 1 if index else 1
+            hi = layout[index + 1] - 1 if index + 1 < len(layout) else n - 1
+            options = np.arange(lo, hi + 1)
+            trial = np.repeat(np.asarray([layout]), len(options), axis=0)
+            trial[:, index] = options
+            times = model.step_times(trial)
+            best = int(np.argmin(times))
+            if times[best] < seconds - 1e-15:
+                layout[index], seconds, moved = int(options[best]), float(times[best]), True
+        if not moved:
+            break
+    return tuple(layout), seconds
+
+
+def _top(layouts, times, count):
+    order = np.lexsort((np.arange(len(times)), times))[:count]
+    return [(tuple(int(c) for c in layouts[i]), float(times[i])) for i in order]
+
+
+def _fill_ready(ready, sizes):
+    """Ready times with the gaps (gradients the profile did not see) filled
+    from their neighbours, made non-decreasing (jitter averaged, not maxed)."""
+    ready = np.asarray(ready, dtype=np.float64)
+    seen = np.isfinite(ready)
+    if not seen.any():
+        return np.zeros(len(ready))
+    if not seen.all():
+        index = np.arange(len(ready))
+        ready = np.interp(index, index[seen], ready[seen])
+    return step_model.monotone_fit(np.maximum(ready, 0.0))
+
+
+def _groups(layout, n):
+    bounds = (0,) + tuple(layout) + (n,)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _unique(layouts):
+    seen = []
+    for layout in layouts:
+        layout = tuple(layout)
+        if layout not in seen:
+            seen.append(layout)
+    return seen
+
+
+def _rotated(items, shift):
+    if not items:
+        return []
+    shift %= len(items)
+    return items[shift:] + items[:shift]
 
 
 def _check_int(name, value, minimum):
@@ -460,37 +489,49 @@ def _check_int(name, value, minimum):
         raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
 
 
-def _check_fraction(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
-        raise ValueError("%s must be a number in [0, 1], got %r" % (name, value))
-
-
 class SearchResult:
-    """What ``search`` returns: the best layout, its time, and every measurement."""
+    """What ``run_search`` returns."""
 
-    def __init__(self, searcher):
-        self.splits = searcher.best
-        self.seconds = searcher.best_seconds
-        self.num_groups = len(self.splits) + 1
-        self.measurements = list(searcher.measurements)
-        self.per_stage = searcher.measurements_per_stage()
-        self.stage_best = dict(searcher.stage_best)
+    def __init__(self, algorithm, requests):
+        self.splits = algorithm.choice
+        self.algorithm = algorithm
+        self.requests = requests  # {"profile": n, "probe": n, "time": n, "traced": n}
 
     def __repr__(self):
-        return "SearchResult(splits=%r, seconds=%.6g, measurements=%d)" % (
-            self.splits,
-            self.seconds,
-            len(self.measurements),
-        )
+        return "SearchResult(splits=%r, requests=%r)" % (self.splits, self.requests)
 
 
-def search(measure, sizes, **options):
-    """Runs the whole search with ``measure(splits) -> seconds``; returns a SearchResult.
+def run_search(sizes, profile, probe, time_candidate, **options):
+    """Runs the whole search with plain functions:
 
-    ``options`` are PartitionSearcher's keyword arguments.
+      profile(splits) -> ProfileResult
+      probe(splits) -> [groups, 3] seconds (encode, collective, decode)
+      time_candidate(splits) -> seconds per step (one confirm round)
+
+    ``options`` are PartitionSearchAlgorithm's. Returns a SearchResult; its
+    ``requests["traced"]`` counts the layouts that trained (each a trace of
+    the train step in real training).
     """
-    searcher = PartitionSearcher(sizes, **options)
-    while not searcher.done:
-        splits = searcher.propose()
-        searcher.report(splits, measure(splits))
-    return SearchResult(searcher)
+    algorithm = PartitionSearchAlgorithm(sizes, **options)
+    counts = {"profile": 0, "probe": 0, "time": 0, "traced": 0}
+    request = algorithm.start()
+    while request is not None:
+        if request.kind == "profile":
+            counts["profile"] += 1
+            counts["traced"] += 1
+            answer = profile(request.splits)
+        elif request.kind == "probe":
+            counts["probe"] += len(request.layouts)
+            answer = [probe(layout) for layout in request.layouts]
+        else:
+            counts["time"] += 1
+            if request.first and request.splits != ():
+                counts["traced"] += 1  # one group was traced for the profile
+            answer = time_candidate(request.splits)
+        request = algorithm.answer(answer)
+    return SearchResult(algorithm, counts)
+
+
+# The name the search core had before it explored with a step-time model
+# (its interface changed with it: requests instead of propose/report).
+PartitionSearcher = PartitionSearchAlgorithm

@@ -1,108 +1,189 @@
 """Runs MergeComp's partition search from a training loop, one step at a time.
 
-``PartitionSearch`` times training steps, feeds ``search.PartitionSearcher``
-(tf_mergecomp/search.py has the algorithm and its cost), switches the
-``MergeComp`` to each candidate partition, and fixes the fastest when done.
-The Keras callback (tf_mergecomp/callback.py) wraps it; custom loops with
+``PartitionSearchDriver`` answers the requests of the framework-free search
+(tf_mergecomp/search.py: explore with a step-time model, confirm by
+interleaved training steps) from the training itself. The Keras callback
+(tf_mergecomp/callback.py) wraps it; custom loops with
 ``hvd.DistributedGradientTape`` use it directly:
 
-    search = PartitionSearch(compression, steps_per_candidate=5)
-    step = search.function(train_step)   # a tf.function re-created per partition
+    search = PartitionSearchDriver(compression)
+    step = search.function(train_step)   # one tf.function per candidate partition
     for x, y in dataset:
         search.before_step()
         loss = step(x, y)
         search.after_step(loss)          # waits for ``loss``, then times the step
+    search.finish()                      # if training ended before the search
 
-Per candidate: the first step after a partition change re-traces and is not
-timed; the next ``steps_per_candidate`` steps are, and their median is averaged
-over all workers (``hvd.allreduce``) before it reaches the searcher, so every
-worker takes the same decisions. The first training step is never timed either
-(the gradient sizes are known only once it has been traced).
+What the search costs, step by step (defaults in brackets):
+
+- step 1 traces the train step with one group; the engine notes which op
+  produces each gradient (``step_recorder.GradientOps``);
+- ``warmup_steps`` [2] steps are discarded, then ``profiled_steps`` [4] run
+  under TensorFlow's profiler (when each gradient is ready) and as many
+  without it (the step's time, to which the ready times are scaled);
+- between two steps, the exchange probe times single groups of a few
+  layouts on tensors of the gradient shapes (no model trace; about a second
+  of tracing per layout), and the finalists are predicted;
+- confirm: ``rounds`` [4] rounds over the sentinels (one group, reusing the
+  function of step 1; layer-wise) and the ``finalists`` [3]. Each candidate
+  keeps its own traced train step, so only its first turn traces (then
+  ``warmup_steps`` discarded steps); every later turn costs one discarded
+  switch step. Each turn times ``steps_per_candidate`` [3] steps; their
+  median, averaged over the workers, is the candidate's time in that round.
+
+So the train step is traced at most 2 + finalists times (5 by default: the
+first trace of a Keras train function also creates the optimizer's variables,
+for which TensorFlow traces it twice), and a search takes about
+1 + 2 + 4 + 4 + 4 x 5 x (1 + 3) + 4 x 2 = 99 steps, fewer when clear losers are
+dropped after the second round. The decision (and every answer) is averaged
+over the workers, so all workers take the same path. Rank 0 logs each phase
+and, at the end, the choice next to the sentinels and what the search cost
+(traces, steps, seconds).
+
+Keras' last step of an epoch can be a smaller batch, which re-traces the
+function it runs; during the search such steps run on the one-group function
+and are not timed (the callback marks them).
 
 With ``save_path``, the result is written as JSON (model fingerprint, world
-size, compressor and memory with their parameters, partition, every measured
-time); a later run whose fingerprint, world size and compression match loads
-it and skips the search; any mismatch is reported and the search runs again.
+size, compressor and memory with their parameters, partition, the search's
+predictions and measurements, its cost); a later run whose fingerprint,
+world size and compression match loads it and skips the search; any mismatch
+is reported and the search runs again. A ``save_path`` that cannot be written
+fails before the first step, on every rank. With ``save_path`` or ``log_dir``,
+rank 0 also draws the search as a PNG (tf_mergecomp/search_plot.py); with
+``log_dir``, it writes TensorBoard scalars of the candidates.
 """
 
 import json
 import os
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from tf_mergecomp import grouping
 from tf_mergecomp import search as search_core
+from tf_mergecomp import step_recorder
 
-FILE_FORMAT = "tf_mergecomp.partition_search/1"
+FILE_FORMAT = "tf_mergecomp.partition_search/2"
+PLOT_NAME = "mergecomp_search.png"
 
 
-class PartitionSearch:
+class PartitionSearchDriver:
     """Drives the partition search of one ``MergeComp`` from a training loop.
 
     Args:
       compression: the ``MergeComp`` given to Horovod.
-      steps_per_candidate: timed steps per candidate (>= 1).
-      max_groups: the most groups the search tries (>= 1).
+      max_groups: the most groups a predicted candidate may have (>= 1).
+      steps_per_candidate: timed steps of a candidate per confirm round.
+      rounds: confirm rounds.
+      finalists: predicted candidates confirmed beside the two sentinels.
+      warmup_steps: steps discarded after every trace of the train step.
+      profiled_steps: profiled one-group steps.
+      probe_repeats: timed calls per probed layout.
       save_path: JSON file to write the result to and to reuse it from.
-      verbose: 1 prints one line per candidate and a summary on rank 0; 0 is quiet.
-      on_partition_change: called with no arguments after each partition change,
-        to re-create the traced step (the Keras callback rebuilds the train
-        function). ``function()`` needs none.
-      log_dir: if given, TensorBoard scalars of every candidate's time.
-      **search_options: more ``PartitionSearcher`` arguments (min_improvement, ...).
+      verbose: 1 prints the search's phases and its result on rank 0; 0 is quiet.
+      log_dir: TensorBoard scalars of the candidates, and the PNG.
+      codec_on_compute, decodes_after_backprop: the step-time model's codec
+        placement (tf_mergecomp/step_model.py); by default on the backprop
+        stream on hosts without a GPU, and decodes after backprop when
+        TensorFlow runs ops on one inter-op thread.
+      **search_options: more ``PartitionSearchAlgorithm`` arguments.
     """
 
-    def __init__(self, compression, steps_per_candidate=5, max_groups=4, save_path=None, verbose=1,
-                 on_partition_change=None, log_dir=None, **search_options):
+    def __init__(self, compression, max_groups=4, steps_per_candidate=3, rounds=4, finalists=3,
+                 warmup_steps=2, profiled_steps=4, probe_repeats=3, save_path=None, verbose=1,
+                 log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
+                 **search_options):
         from tf_mergecomp.mergecomp import MergeComp
 
         if not isinstance(compression, MergeComp):
             raise ValueError("compression must be a tf_mergecomp.MergeComp, got %r" % (compression,))
-        _check_int("steps_per_candidate", steps_per_candidate, 1)
-        _check_int("max_groups", max_groups, 1)
+        for name, value, minimum in (("max_groups", max_groups, 1),
+                                     ("steps_per_candidate", steps_per_candidate, 1),
+                                     ("rounds", rounds, 1), ("finalists", finalists, 0),
+                                     ("warmup_steps", warmup_steps, 0),
+                                     ("profiled_steps", profiled_steps, 1),
+                                     ("probe_repeats", probe_repeats, 1)):
+            _check_int(name, value, minimum)
         if verbose not in (0, 1, True, False):
             raise ValueError("verbose must be 0 or 1, got %r" % (verbose,))
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError("save_path must be a path or None, got %r" % (save_path,))
-        unknown = set(search_options) - _SEARCHER_OPTIONS
+        unknown = set(search_options) - _ALGORITHM_OPTIONS
         if unknown:
             raise ValueError("unknown search options %s; valid: %s"
-                             % (sorted(unknown), ", ".join(sorted(_SEARCHER_OPTIONS))))
+                             % (sorted(unknown), ", ".join(sorted(_ALGORITHM_OPTIONS))))
         self.compression = compression
-        self.steps_per_candidate = steps_per_candidate
         self.max_groups = max_groups
+        self.steps_per_candidate = steps_per_candidate
+        self.rounds = rounds
+        self.finalists = finalists
+        self.warmup_steps = warmup_steps
+        self.profiled_steps = profiled_steps
+        self.probe_repeats = probe_repeats
         self.save_path = None if save_path is None else os.fspath(save_path)
         self.verbose = int(verbose)
-        self.on_partition_change = on_partition_change
-        self.log_dir = log_dir
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.codec_on_compute = codec_on_compute
+        self.decodes_after_backprop = decodes_after_backprop
         self._search_options = dict(search_options)
 
-        self.searcher = None
-        self.history = []  # one dict per measured candidate
+        self.train_functions = None  # how a layout's train step is selected (Keras or loop)
+        self._loop_functions = _LoopFunctions(self)
+        self.algorithm = None
         self.loaded_from = None  # save_path when a saved partition was reused
         self.reason_for_search = None
+        self.history = []  # one record per confirmed candidate, in the order first timed
+        self.cost = {"traces": 0, "steps": 0, "seconds": 0.0}
         self.steps_seen = 0
-        self.search_steps = 0
+        self.final_collectives_per_step = None
+        self.profile_note = None
         self._phase = "first_step"
-        self._skip_next = True
-        self._samples = []
+        self._plan = None
+        self._role = None
+        self._started = None
         self._step_start = None
         self._collectives_before = None
-        self._collectives_seen = []  # collectives per timed step of this candidate
-        self.final_collectives_per_step = None
+        self._step_kind = None  # "plan", "detour" (untimed, on one group) or "switch"
+        self._switch_back = False
+        self._current_layout = None
+        self._last_collectives = None
+        self._collective_names = 0
+        self._profiler = None
+        self._producers = None
+        self._probe = None
         self._writer = None
+        self._save_path_checked = False
+        self._rounds_logged = 0
+        self.plot_path = None
 
     # ------------------------------------------------------------ step hooks
     @property
     def done(self):
         return self._phase == "done"
 
-    def before_step(self):
-        if self._phase == "done" and self.final_collectives_per_step is not None:
+    def before_step(self, timeable=True):
+        """Call before each step. ``timeable=False`` marks a step that must not
+        be timed (Keras: an epoch's last, possibly smaller, batch)."""
+        if self._phase == "done":
+            if self.final_collectives_per_step is None:
+                self._begin_timing()
             return
-        self._collectives_before = self._collectives()
-        self._step_start = time.perf_counter()
+        if self._phase == "first_step":
+            self._begin_search()
+        self._step_kind = "plan"
+        if not timeable and self._role != "first":
+            # On the one-group function (traced for a smaller batch at most
+            # once); the next step switches back and is discarded.
+            self._step_kind = "detour"
+            self.train_functions.use((), fresh=False)
+        elif self._switch_back:
+            self._step_kind = "switch"
+            self.train_functions.use(self._current_layout, fresh=False)
+        if self._step_kind == "plan" and self._role == "profiled":
+            self._profiler.step_begins()
+        self._begin_timing()
 
     def after_step(self, outputs=None):
         """Call after each step; ``outputs`` (tensors) are waited for before timing."""
@@ -118,121 +199,253 @@ class PartitionSearch:
             self.final_collectives_per_step = collectives
             self._check_collectives(collectives, "the chosen partition")
             return
-        self.search_steps += 1
-        if self._phase == "first_step":
-            self._start()
+        self.cost["steps"] += 1
+        if self._step_kind != "plan":
+            self._switch_back = self._step_kind == "detour"
             return
-        if self._skip_next:  # the step that re-traced
-            self._skip_next = False
-            return
-        self._check_collectives(collectives, "candidate %r" % (self.compression.splits,))
-        self._collectives_seen.append(collectives)
-        self._samples.append(seconds)
-        if len(self._samples) >= self.steps_per_candidate:
-            self._finish_candidate()
+        if self._role in ("timed", "profiled"):
+            if self._role == "profiled":
+                self._profiler.step_ends()
+            self._check_collectives(collectives, "candidate %s" % _describe(self._current_layout))
+        try:
+            self._role = self._plan.send(seconds)
+        except StopIteration:
+            self._role = None
 
     def finish(self):
-        """Ends a search early (e.g. training ends first): keeps the best measured partition."""
-        if self._phase == "searching":
-            self._log("search stopped early after %d candidates" % len(self.history))
-            self._conclude(save=False)
+        """Ends a search early (e.g. training ends first): keeps the fastest
+        candidate measured so far (one group if none was), and saves nothing."""
+        if self._phase in ("first_step", "done"):
+            return
+        if self._profiler is not None:
+            self._profiler.stop([])
+        measured = self.algorithm.measured_seconds() if self.algorithm is not None else {}
+        choice = min(measured, key=lambda l: (measured[l], len(l))) if measured else ()
+        self._log("search stopped early after %d steps: keeping %s" % (
+            self.cost["steps"], _describe(choice)))
+        self._conclude(choice, save=False)
 
     # ------------------------------------------------------------- custom loops
     def function(self, python_step_fn, **tf_function_kwargs):
-        """A callable running ``tf.function(python_step_fn)``, re-created per partition version."""
-        state = {"version": None, "fn": None}
+        """A callable running the train step as a ``tf.function``, one per
+        candidate partition: a candidate's turn after its first reuses its trace."""
+        return self._loop_functions.register(python_step_fn, tf_function_kwargs)
 
-        def call(*args, **kwargs):
-            if state["fn"] is None or state["version"] != self.compression.partition_version:
-                state["fn"] = tf.function(python_step_fn, **tf_function_kwargs)
-                state["version"] = self.compression.partition_version
-            return state["fn"](*args, **kwargs)
+    # ---------------------------------------------------------------- the plan
+    def _begin_search(self):
+        self.check_save_path()
+        self._started = time.perf_counter()
+        if self.train_functions is None:
+            self.train_functions = self._loop_functions
+        # The first step traces the one-group function, noting the ops that
+        # produce the gradients for the profile.
+        self._producers = step_recorder.GradientOps()
+        self.compression.step_recorder = self._producers
+        self._activate((), fresh=True)
+        self._phase = "searching"
+        self._role = "first"
+        self._plan = self._steps()
+        next(self._plan)
 
-        call.python_function = python_step_fn
-        return call
-
-    # ---------------------------------------------------------------- internals
-    def _start(self):
+    def _steps(self):
+        """Generator: yields the role of each next step, receives its seconds."""
+        yield "first"  # primes the generator; the first step's time arrives next
+        self.compression.step_recorder = None
         sizes = self.compression.tensor_sizes
         if sizes is None:
             raise RuntimeError(
                 "the MergeComp was not used in the first step: pass it to "
-                "hvd.DistributedOptimizer/DistributedGradientTape as compression="
-            )
+                "hvd.DistributedOptimizer/DistributedGradientTape as compression=")
         saved, reason = self._load_decision()
         if saved is not None:
             self.loaded_from = self.save_path
             self._log("reusing the partition saved in %s: %s" % (self.save_path, _describe(saved)))
-            self._apply(tuple(saved))
-            self._phase = "done"
+            self._conclude(tuple(saved), save=False)
             return
         self.reason_for_search = reason
-        if reason:
-            self._log("searching the partition: %s" % reason)
-        self.searcher = search_core.PartitionSearcher(sizes, max_groups=self.max_groups,
-                                                      **self._search_options)
-        self._phase = "searching"
-        self._skip_next = False
-        self._next_candidate()
+        self._log("searching the partition of %d gradient tensors%s" % (
+            len(sizes), ": %s" % reason if reason else ""))
+        codec_on_compute, decodes_after = self._codec_placement()
+        self.algorithm = search_core.PartitionSearchAlgorithm(
+            sizes, max_groups=self.max_groups, finalists=self.finalists, rounds=self.rounds,
+            codec_on_compute=codec_on_compute, decodes_after_backprop=decodes_after,
+            **self._search_options)
+        request = self.algorithm.start()
+        while request is not None:
+            if request.kind == "profile":
+                answer = yield from self._profile()
+            elif request.kind == "probe":
+                answer = self._probe_layouts(request.layouts)
+            else:
+                if not self.algorithm.rounds_measured or not self.algorithm.rounds_measured[0]:
+                    self._log_finalists()
+                answer = yield from self._time(request.splits)
+            request = self.algorithm.answer(answer)
+            if self.algorithm.rounds_measured:
+                self._log_rounds()
+        self._log_rounds(final=True)
+        self._conclude(self.algorithm.choice, save=True)
 
-    def _next_candidate(self):
-        proposal = self.searcher.propose()
-        if proposal is None:
-            self._conclude(save=True)
-            return
-        self._samples = []
-        self._collectives_seen = []
-        if tuple(proposal) != tuple(self.compression.splits):
-            self._apply(proposal)
-            self._skip_next = True
-
-    def _finish_candidate(self):
-        local = search_core.robust_seconds(self._samples)
-        seconds = self._average_over_workers(local)
-        splits = tuple(self.compression.splits)
-        stage = self.searcher.stage
-        self.searcher.report(splits, seconds)
-        record = {
-            "candidate": len(self.history) + 1,
-            "stage": stage,
-            "splits": list(splits),
-            "groups": len(splits) + 1,
-            "seconds": seconds,
-            "local_seconds": local,
-            "collectives_per_step": self._collectives_seen[-1] if self._collectives_seen else None,
-        }
-        self.history.append(record)
-        self._log("candidate %d (%s): %s -> %.2f ms/step (median of %d steps%s)" % (
-            record["candidate"], _stage_name(stage), _describe(splits), 1e3 * seconds,
-            len(self._samples), self._workers_note()))
-        self._tensorboard(record)
-        self._next_candidate()
-
-    def _conclude(self, save):
-        best = tuple(self.searcher.best)
-        if tuple(self.compression.splits) != best:
-            self._apply(best)
-        self._phase = "done"
-        measured = self.searcher.measured_layouts()
+    def _profile(self):
+        for _ in range(self.warmup_steps):
+            yield "discard"
+        self._profiler = step_recorder.StepProfiler()
+        if not self._profiler.start():
+            self.profile_note = self._profiler.error
+        for _ in range(self.profiled_steps):
+            yield "profiled"
+        profiled = self._profiler.stop(self._producers.producers)
+        self._profiler = None
+        # The profiler slows every op down: the same number of steps without
+        # it give the step's real time, and the ready times are scaled to it.
+        plain = []
+        for _ in range(self.profiled_steps):
+            plain.append((yield "timed"))
         n = self.compression.num_tensors
-        extra = []
+        plain = float(np.median(plain))
+        if profiled:
+            ready = np.nanmedian(np.stack([p.ready for p in profiled]), axis=0) \
+                if any(np.isfinite(p.ready).any() for p in profiled) else np.full(n, np.nan)
+            under_profiler = float(np.median([p.seconds for p in profiled]))
+            unseen = int(np.isnan(ready).sum())
+            if unseen:
+                self.profile_note = "%d of %d gradients not seen in the profile" % (unseen, n)
+        else:
+            ready, under_profiler = np.full(n, np.nan), plain
+            self.profile_note = self.profile_note or "no profile"
+        ready = self._mean_over_workers(ready)
+        under_profiler = self._average_over_workers(under_profiler)
+        plain = self._average_over_workers(plain)
+        ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
+        seen = ready[np.isfinite(ready)]
+        self._log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
+                  "gradients ready from %s to %s ms%s" % (
+                      self.profiled_steps, 1e3 * plain, 1e3 * under_profiler,
+                      "%.1f" % (1e3 * seen.min()) if seen.size else "?",
+                      "%.1f" % (1e3 * seen.max()) if seen.size else "?",
+                      " (%s)" % self.profile_note if self.profile_note else ""))
+        return search_core.ProfileResult(plain, ready)
+
+    def _probe_layouts(self, layouts):
+        started = time.perf_counter()
+        if self._probe is None:
+            self._probe = step_recorder.ExchangeProbe(self.compression)
+        answers = []
+        for layout in layouts:
+            samples = self._probe.run(layout, repeats=self.probe_repeats)
+            answers.append(self._combine_probe(samples))
+        self._log("probed %d groups of %d layouts alone in %.1f s" % (
+            sum(len(a) for a in answers), len(layouts), time.perf_counter() - started))
+        return answers
+
+    def _time(self, layout):
+        new = self._activate(layout)
+        # The first turn traces, and the steps after a trace run slow; later
+        # turns only switch functions.
+        for _ in range(1 + self.warmup_steps if new else 1):
+            yield "discard"
+        seconds = []
+        for _ in range(self.steps_per_candidate):
+            seconds.append((yield "timed"))
+        local = float(np.median(seconds))
+        averaged = self._average_over_workers(local)
+        record = self._history_record(layout)
+        record["rounds_s"].append(averaged)
+        record["local_rounds_s"].append(local)
+        record["collectives_per_step"] = self._last_collectives
+        return averaged
+
+    # --------------------------------------------------------------- internals
+    def _history_record(self, layout):
+        for record in self.history:
+            if tuple(record["splits"]) == tuple(layout):
+                return record
+        record = {"candidate": len(self.history) + 1, "splits": list(layout),
+                  "groups": len(layout) + 1,
+                  "role": _role_of(layout, self.compression.num_tensors),
+                  "predicted_s": self.algorithm.predictions.get(tuple(layout)),
+                  "rounds_s": [], "local_rounds_s": [], "collectives_per_step": None}
+        self.history.append(record)
+        return record
+
+    def _log_finalists(self):
+        a, n = self.algorithm, self.compression.num_tensors
+        self._log("predicted %s; confirming %s against one group and layer-wise in %d "
+                  "interleaved rounds" % (
+                      ", ".join("%s %.2f ms" % (_short(l, n), 1e3 * a.predictions[l])
+                                for l in [()] + a.finalist_layouts if l in a.predictions),
+                      ", ".join(_short(l, n) for l in a.finalist_layouts) or "nothing else",
+                      self.rounds))
+
+    def _log_rounds(self, final=False):
+        """One line per finished confirm round (a round is over once the next began)."""
+        rounds = self.algorithm.rounds_measured
+        finished = len(rounds) if final else len(rounds) - 1
+        while self._rounds_logged < finished:
+            measured = rounds[self._rounds_logged]
+            self._rounds_logged += 1
+            self._log("round %d of %d: %s" % (self._rounds_logged, self.rounds, ", ".join(
+                "%s %.2f ms%s" % (_short(layout, self.compression.num_tensors), 1e3 * seconds,
+                                  " (predicted %.2f)" % (1e3 * self.algorithm.predictions[layout])
+                                  if layout in self.algorithm.predictions else "")
+                for layout, seconds in measured.items())))
+
+    def _activate(self, layout, fresh=False):
+        """Makes the next step train with ``layout``; True when that traces."""
+        self._current_layout = tuple(layout)
+        new = self.train_functions.use(self._current_layout, fresh=fresh)
+        if new:
+            self.cost["traces"] += 1
+        return new
+
+    def _begin_timing(self):
+        self._collectives_before = self._collectives()
+        self._step_start = time.perf_counter()
+
+    def _conclude(self, choice, save):
+        choice = tuple(choice)
+        self._activate(choice)
+        self.train_functions.keep_only(choice)
+        self._phase = "done"
+        self._role = None
+        self._switch_back = False
+        self.cost["seconds"] = time.perf_counter() - self._started
+        self.cost["probe_traces"] = self._probe.traces if self._probe is not None else 0
+        self.cost["tracings"] = self.train_functions.tracings()
+        self._probe = None
+        if self.algorithm is None or not self.algorithm.rounds_measured:
+            self._log("%s, after %d traces of the train step, %d steps, %.1f s" % (
+                _describe(choice), self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
+            return
+        measured = self.algorithm.measured_seconds()
+        n = self.compression.num_tensors
+        sentinels = []
         if () in measured:
-            extra.append("1 group %.2f ms" % (1e3 * measured[()]))
+            sentinels.append("one group %.2f ms" % (1e3 * measured[()]))
         layerwise = grouping.layerwise_splits(n)
         if n > 1 and layerwise in measured:
-            extra.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
-        self._log("best partition: %s, %.2f ms/step (%s); %d candidates in %d steps" % (
-            _describe(best), 1e3 * self.searcher.best_seconds, ", ".join(extra),
-            len(self.history), self.search_steps))
+            sentinels.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
+        self._log("chose %s: %.2f ms/step (%s; medians of %d interleaved rounds); the search "
+                  "spent %d traces of the train step, %d steps, %.1f s" % (
+                      _describe(choice), 1e3 * measured.get(choice, float("nan")),
+                      ", ".join(sentinels), len(self.algorithm.rounds_measured),
+                      self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
+        self._tensorboard(choice)
         if save and self.save_path is not None:
-            self._save(best)
+            self._save(choice)
+        self._plot(choice)
 
-    def _apply(self, splits):
-        self.compression.set_partition(list(splits) if splits else 1)
-        if self.on_partition_change is not None:
-            self.on_partition_change()
+    def _codec_placement(self):
+        on_compute = self.codec_on_compute
+        if on_compute is None:
+            on_compute = not tf.config.list_physical_devices("GPU")
+        after = self.decodes_after_backprop
+        if after is None:
+            after = bool(on_compute) and tf.config.threading.get_inter_op_parallelism_threads() == 1
+        return bool(on_compute), bool(after)
 
     def _check_collectives(self, collectives, what):
+        self._last_collectives = collectives
         groups = self.compression.num_groups
         if groups is None:
             return
@@ -240,8 +453,8 @@ class PartitionSearch:
         if collectives != expected:
             raise RuntimeError(
                 "%s has %d groups (%d collectives per step) but the step ran %d collectives: "
-                "the train step was not re-traced after set_partition (Keras: "
-                "model.make_train_function(force=True); custom loops: PartitionSearch.function)"
+                "the train step was not re-traced for the partition (Keras: use "
+                "MergeCompCallback; custom loops: PartitionSearchDriver.function)"
                 % (what, groups, expected, collectives))
 
     def _collectives(self):
@@ -263,17 +476,54 @@ class PartitionSearch:
         hvd = self._hvd()
         return 1 if hvd is None else hvd.size()
 
-    def _workers_note(self):
-        size = self._world_size()
-        return ", mean of %d workers" % size if size > 1 else ""
+    def _allreduce(self, values, op_name, name):
+        hvd = self._hvd()
+        values = np.asarray(values, dtype=np.float64)
+        if hvd is None or hvd.size() == 1:
+            return values
+        op = {"average": hvd.Average, "min": hvd.Min, "sum": hvd.Sum}[op_name]
+        # A name of its own per call: the shapes differ from call to call.
+        self._collective_names += 1
+        return hvd.allreduce(tf.constant(values), op=op,
+                             name="%s.%d" % (name, self._collective_names)).numpy()
 
     def _average_over_workers(self, seconds):
+        return float(self._allreduce(seconds, "average", "mergecomp_search_seconds"))
+
+    def _mean_over_workers(self, values):
+        """Elementwise mean over the workers that have a value (NaN: none has)."""
+        values = np.asarray(values, dtype=np.float64)
+        seen = np.isfinite(values)
+        total = self._allreduce(np.where(seen, values, 0.0), "sum", "mergecomp_search_ready")
+        count = self._allreduce(seen.astype(np.float64), "sum", "mergecomp_search_ready_count")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+    def _combine_probe(self, samples):
+        """[groups, 3] from every rank's [repeats, groups, 3]: encode and decode
+        averaged over the ranks, the collective the least over the ranks (the
+        last rank to arrive waits for no one: its time is the transfer's), then
+        the median over the repeats."""
+        encode_decode = self._allreduce(samples, "average", "mergecomp_probe_codec")
+        collective = self._allreduce(samples[:, :, 1], "min", "mergecomp_probe_collective")
+        combined = np.array(encode_decode)
+        combined[:, :, 1] = collective
+        return np.median(combined, axis=0)
+
+    def check_save_path(self):
+        """Fails on every rank, before training, when rank 0 cannot write save_path
+        (every rank must call it: it broadcasts rank 0's finding). Runs once."""
+        if self.save_path is None or self._save_path_checked:
+            return
+        self._save_path_checked = True
+        problem = _unwritable_reason(self.save_path) if self._rank() == 0 else None
         hvd = self._hvd()
-        if hvd is None or hvd.size() == 1:
-            return float(seconds)
-        averaged = hvd.allreduce(tf.constant(seconds, tf.float64), op=hvd.Average,
-                                 name="mergecomp_search_seconds")
-        return float(averaged.numpy())
+        if hvd is not None and hvd.size() > 1:
+            problem = hvd.broadcast_object(problem, root_rank=0,
+                                           name="mergecomp_search_save_path_check")
+        if problem:
+            raise ValueError("MergeComp search: save_path %r cannot be written on rank 0: %s"
+                             % (self.save_path, problem))
 
     def _load_decision(self):
         """(saved splits or None, why a search is needed), decided on rank 0 for all ranks."""
@@ -318,23 +568,29 @@ class PartitionSearch:
             "compression": json.loads(json.dumps(description)),
         }
 
-    def _save(self, best):
-        if self._rank() != 0:
-            return
+    def _document(self, choice):
+        measured = self.algorithm.measured_seconds()
         document = {"format": FILE_FORMAT}
         document.update(self._identity())
         document.update({
-            "partition": list(best),
-            "num_groups": len(best) + 1,
-            "seconds_per_step": self.searcher.best_seconds,
+            "partition": list(choice),
+            "num_groups": len(choice) + 1,
+            "seconds_per_step": measured.get(tuple(choice)),
             "tensor_sizes": self.compression.tensor_sizes,
-            "steps_per_candidate": self.steps_per_candidate,
-            "search_steps": self.search_steps,
-            "measurements": [
-                {"stage": str(stage), "splits": list(splits), "seconds": seconds}
-                for stage, splits, seconds in self.searcher.measurements
-            ],
+            "cost": dict(self.cost),
+            "settings": {"max_groups": self.max_groups, "rounds": self.rounds,
+                         "finalists": self.finalists,
+                         "steps_per_candidate": self.steps_per_candidate,
+                         "warmup_steps": self.warmup_steps,
+                         "profiled_steps": self.profiled_steps},
+            "search": self.algorithm.summary(),
         })
+        return json.loads(json.dumps(document, default=_jsonable))
+
+    def _save(self, choice):
+        if self._rank() != 0:
+            return
+        document = self._document(choice)
         directory = os.path.dirname(os.path.abspath(self.save_path))
         os.makedirs(directory, exist_ok=True)
         temporary = self.save_path + ".tmp"
@@ -343,35 +599,179 @@ class PartitionSearch:
         os.replace(temporary, self.save_path)
         self._log("saved the partition to %s" % self.save_path)
 
+    def _plot(self, choice):
+        if self._rank() != 0 or (self.save_path is None and self.log_dir is None):
+            return
+        if self.save_path is not None:
+            path = os.path.splitext(self.save_path)[0] + ".png"
+        else:
+            path = os.path.join(self.log_dir, PLOT_NAME)
+        try:
+            from tf_mergecomp import search_plot
+
+            search_plot.plot_search(self.algorithm, choice, path)
+        except ImportError as error:
+            self._log("no picture of the search: %s" % error)
+            return
+        self.plot_path = path
+        self._log("drew the search in %s" % path)
+
     def _log(self, message):
         if self.verbose and self._rank() == 0:
             print("MergeComp search: " + message, flush=True)
 
-    def _tensorboard(self, record):
+    def _tensorboard(self, choice):
         if self.log_dir is None or self._rank() != 0:
             return
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(self.log_dir)
+        measured = self.algorithm.measured_seconds()
         with self._writer.as_default():
-            tf.summary.scalar("mergecomp_search/candidate_seconds", record["seconds"],
-                              step=record["candidate"])
-            tf.summary.scalar("mergecomp_search/candidate_groups", record["groups"],
-                              step=record["candidate"])
-            tf.summary.scalar("mergecomp_search/best_seconds", self.searcher.best_seconds,
-                              step=record["candidate"])
+            for record in self.history:
+                layout = tuple(record["splits"])
+                step = record["candidate"]
+                tf.summary.scalar("mergecomp_search/candidate_seconds", measured[layout], step=step)
+                tf.summary.scalar("mergecomp_search/candidate_groups", record["groups"], step=step)
+                if record["predicted_s"] is not None:
+                    tf.summary.scalar("mergecomp_search/candidate_predicted_seconds",
+                                      record["predicted_s"], step=step)
+            if tuple(choice) in measured:
+                tf.summary.scalar("mergecomp_search/chosen_seconds", measured[tuple(choice)],
+                                  step=0)
         self._writer.flush()
 
 
-_SEARCHER_OPTIONS = {
-    "min_improvement", "close_call", "max_repeats", "max_repeats_per_stage",
-    "max_measurements_per_stage", "exhaustive_below", "byte_weight",
-}
+class _LoopFunctions:
+    """Custom loops: one ``tf.function`` per layout for each registered step."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.registered = []  # [(python function, kwargs, {layout: tf.function})]
+        self.active = None
+
+    def register(self, python_step_fn, kwargs):
+        functions = {}
+        self.registered.append((python_step_fn, kwargs, functions))
+
+        def call(*args, **call_kwargs):
+            layout = self.active
+            function = functions.get(layout)
+            if function is None:
+                function = functions[layout] = tf.function(python_step_fn, **kwargs)
+            return function(*args, **call_kwargs)
+
+        call.python_function = python_step_fn
+        return call
+
+    def use(self, layout, fresh=False):
+        self.driver.compression.set_partition(list(layout) if layout else 1)
+        self.active = layout
+        if fresh:
+            for _, _, functions in self.registered:
+                functions.pop(layout, None)
+        # Traced at its first call (a step not made through ``function()``
+        # is not re-traced: the collectives check then says so).
+        return any(layout not in functions for _, _, functions in self.registered)
+
+    def keep_only(self, layout):
+        for _, _, functions in self.registered:
+            for other in [l for l in functions if l != layout]:
+                del functions[other]
+
+    def tracings(self):
+        return sum(_tracing_count(f) for _, _, functions in self.registered
+                   for f in functions.values())
+
+
+class KerasTrainFunctions:
+    """Keras: one train function per layout, swapped into ``model.train_function``
+    (``fit`` looks it up at every step)."""
+
+    def __init__(self, model, compression):
+        self.model = model
+        self.compression = compression
+        self.functions = {}
+        self._tracings = 0
+
+    def use(self, layout, fresh=False):
+        """Makes ``model`` train with ``layout`` from its next step; True when
+        that needs a new train function (a trace)."""
+        self.compression.set_partition(list(layout) if layout else 1)
+        if layout in self.functions and not fresh:
+            self.model.train_function = self.functions[layout]
+            return False
+        self.model.make_train_function(force=True)
+        self.functions[layout] = self.model.train_function
+        return True
+
+    def keep_only(self, layout):
+        for other in [l for l in self.functions if l != layout]:
+            self._tracings += _tracing_count(self.functions.pop(other))
+
+    def tracings(self):
+        return self._tracings + sum(_tracing_count(f) for f in self.functions.values())
+
+
+def _tracing_count(function):
+    counter = getattr(function, "experimental_get_tracing_count", None)
+    return int(counter()) if counter is not None else 0
+
+
+def _unwritable_reason(path):
+    """Why ``path`` cannot be written (None if it can): tried by creating its
+    folder and a file beside it, as the save will."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return "it is a directory"
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        trial = path + ".write_check"
+        with open(trial, "w") as f:
+            f.write("")
+        os.remove(trial)
+    except OSError as error:
+        return "%s: %s" % (type(error).__name__, error)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file exists and is read-only"
+    return None
+
+
+_ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements"}
+
+
+def _jsonable(value):
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError("not JSON-able: %r" % (value,))
 
 
 def _wait_for(value):
     if isinstance(value, (tf.Tensor, tf.Variable)) and not isinstance(value, tf.SparseTensor):
         value.numpy()
     return value
+
+
+def _role_of(layout, n):
+    if not layout:
+        return "one group"
+    if tuple(layout) == grouping.layerwise_splits(n):
+        return "layer-wise"
+    return "predicted"
+
+
+def _short(splits, n):
+    if not splits:
+        return "one group"
+    if len(splits) == n - 1:
+        return "layer-wise"
+    return "%s" % (list(splits),)
 
 
 def _describe(splits):
@@ -382,10 +782,10 @@ def _describe(splits):
     return "%d groups, splits (%s)" % (len(splits) + 1, shown)
 
 
-def _stage_name(stage):
-    return "sentinel" if stage == "sentinels" else "%d-group search" % stage
-
-
 def _check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
+
+
+# The names this driver had before it answered a two-phase search.
+PartitionSearch = PartitionSearchDriver

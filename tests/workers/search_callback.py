@@ -1,15 +1,18 @@
-"""Keras fit with MergeCompCallback, or a custom loop with PartitionSearch.
+"""Keras fit with MergeCompCallback, or a custom loop with PartitionSearchDriver.
 
     search_callback.py CODEC keras SAVE_PATH WIDTHS   one fit per hidden width in the comma
                                                      list, each a fresh model, MergeComp and
                                                      callback searching or reusing SAVE_PATH
-    search_callback.py CODEC tape LOG_DIR             DistributedGradientTape + PartitionSearch,
-                                                     TensorBoard scalars into LOG_DIR
+    search_callback.py CODEC tape LOG_DIR             DistributedGradientTape +
+                                                     PartitionSearchDriver, TensorBoard
+                                                     scalars and the PNG into LOG_DIR
+    search_callback.py CODEC unwritable SAVE_PATH     a fit whose SAVE_PATH cannot be written:
+                                                     reports the error each rank raised
 
 CODEC is a registry name, or "plain" for an uncompressed average defined here.
 
 Reports the chosen partition, the candidates measured, collectives per step,
-the losses, and the weights checksum.
+what the search cost, the losses, and the weights checksum.
 """
 
 import sys
@@ -20,10 +23,14 @@ import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
 from tests.workers.common import classification_data, weights_checksum
-from tf_mergecomp import MergeComp
+from tf_mergecomp import MergeComp, MergeCompCallback
 from tf_mergecomp.compressors.base import ALLREDUCE, Compressor
-from tf_mergecomp.callback import MergeCompCallback
-from tf_mergecomp.search_driver import PartitionSearch
+from tf_mergecomp.search_driver import PartitionSearchDriver
+
+# Small enough to finish inside the short fits below (about 60 steps).
+SEARCH = dict(steps_per_candidate=2, max_groups=3, finalists=2, rounds=3, warmup_steps=1,
+              profiled_steps=3)
+EPOCHS = 6
 
 
 
@@ -69,9 +76,8 @@ def train_keras(save_path, width):
     mc = MergeComp(PlainAverage() if codec == "plain" else codec)
     model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=mc),
                   loss=loss_fn)
-    callback = MergeCompCallback(mc, steps_per_candidate=2, max_groups=3, save_path=save_path,
-                                 verbose=1)
-    history = model.fit(x, y, batch_size=16, epochs=4, verbose=0, shuffle=False,
+    callback = MergeCompCallback(mc, save_path=save_path, verbose=1, **SEARCH)
+    history = model.fit(x, y, batch_size=16, epochs=EPOCHS, verbose=0, shuffle=False,
                         callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     return model, mc, callback.search, history.history["loss"]
 
@@ -80,8 +86,7 @@ def train_tape():
     model = build_model(32)
     mc = MergeComp(PlainAverage() if codec == "plain" else codec)
     sgd = tf.keras.optimizers.SGD(0.05)
-    search = PartitionSearch(mc, steps_per_candidate=2, max_groups=3, verbose=1,
-                             log_dir=sys.argv[3])
+    search = PartitionSearchDriver(mc, verbose=1, log_dir=sys.argv[3], **SEARCH)
 
     def train_step(xb, yb):
         with tf.GradientTape() as tape:
@@ -93,7 +98,7 @@ def train_tape():
 
     step = search.function(train_step)
     losses = []
-    for epoch in range(4):
+    for epoch in range(EPOCHS):
         epoch_losses = []
         for i in range(0, len(x), 16):
             search.before_step()
@@ -110,17 +115,34 @@ def report_run(model, mc, search, losses):
     report(
         splits=list(mc.splits), groups=mc.num_groups, done=search.done,
         loaded_from=search.loaded_from, reason=search.reason_for_search,
-        candidates=[[r["splits"], r["seconds"], r["collectives_per_step"], r["groups"]]
+        candidates=[[r["splits"], r["rounds_s"], r["collectives_per_step"], r["groups"], r["role"]]
                     for r in search.history],
         final_collectives_per_step=search.final_collectives_per_step,
         collectives_per_group=mc.compressor.collectives_per_group(),
-        search_steps=search.search_steps, best=list(search.searcher.best) if search.searcher else None,
+        cost=search.cost, steps_seen=search.steps_seen, plot_path=search.plot_path,
+        choice=None if search.algorithm is None else list(search.algorithm.choice),
         losses=losses, checksum=weights_checksum(model), tensors=mc.num_tensors,
     )
+
+
+def unwritable_fit(save_path):
+    model = build_model(32)
+    mc = MergeComp(codec)
+    model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=mc),
+                  loss=loss_fn)
+    callback = MergeCompCallback(mc, save_path=save_path, verbose=1, **SEARCH)
+    try:
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[callback])
+    except ValueError as error:
+        report(error=str(error), steps_seen=callback.search.steps_seen)
+    else:
+        report(error=None, steps_seen=callback.search.steps_seen)
 
 
 if mode == "keras":
     for width in sys.argv[4].split(","):
         report_run(*train_keras(sys.argv[3], int(width)))
+elif mode == "unwritable":
+    unwritable_fit(sys.argv[3])
 else:
     report_run(*train_tape())

@@ -99,13 +99,15 @@ def build_parser():
     clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
     clus.add_argument("--warmup-steps", type=int, default=5,
                       help="unmeasured steps per config (tracing, then Horovod and allocator warm-up)")
-    clus.add_argument("--search-steps", type=int, default=30,
-                      help="steps the partition search may use before measuring")
-    clus.add_argument("--search-max-groups", type=int, default=3,
-                      help="most groups the partition search tries (default 3)")
+    clus.add_argument("--search-steps", type=int, default=300,
+                      help="the most steps the partition search may use (it ends the search "
+                           "fit when done; default 300)")
+    clus.add_argument("--search-max-groups", type=int, default=4,
+                      help="most groups of the search's predicted candidates (default 4)")
     clus.add_argument("--search-on", choices=("training", "exchange"), default="training",
-                      help="time the search's candidates by training steps (a model re-trace "
-                           "each) or by the gradient exchange alone (default training)")
+                      help="search during training (profiled steps and probes predict the "
+                           "candidates, training steps confirm the best few: a few re-traces) "
+                           "or with the gradient exchange alone as the step (default training)")
     clus.add_argument("--exchange-steps", type=int, default=5,
                       help="timed exchanges (no backprop) per config and round (0: none)")
     clus.add_argument("--exchange-rounds", type=int, default=3,
@@ -117,8 +119,8 @@ def build_parser():
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")
     clus.add_argument("--quick", action="store_true",
-                      help="transformer, 2 workers, efsignsgd and topk, 8 steps, a short "
-                           "2-group search (< 10 min)")
+                      help="transformer, 2 workers, efsignsgd and topk, 8 rounds, a search "
+                           "of up to 2 groups (< 10 min)")
     clus.add_argument("--out", default="bench_results/cluster")
 
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")

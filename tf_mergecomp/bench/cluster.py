@@ -8,8 +8,8 @@ tc-shaped links (``netns.VirtualCluster``), ranks started by
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
 (``partitions="layerwise"``), one group (``partitions=1``) and the partition
-searched during warmup: by training step times (``MergeCompCallback``) or, with
-``--search-on exchange``, by exchange times (worker.py).
+``MergeCompCallback``'s search chose during warmup (with ``--search-on exchange``,
+the same search with the exchange alone as the step; worker.py).
 
 Batches: the configs run in batches, each in a fresh set of rank processes
 (``plan_batches``): Horovod fp32 and fp16, then one batch per algorithm with
@@ -50,7 +50,7 @@ PARTITION_MODES = ("layerwise", "one", "searched")
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
-         "steps": 24, "warmup_steps": 3, "search_steps": 16, "search_max_groups": 2,
+         "steps": 24, "warmup_steps": 3, "search_steps": 150, "search_max_groups": 2,
          "exchange_steps": 2, "exchange_rounds": 8}
 # The config each batch runs twice, by kind: its spread is the batch's noise.
 REPEATED = {"horovod": "horovod fp32", "mergecomp": "layerwise"}
@@ -140,10 +140,11 @@ def _time_budget_s(num_configs, args, model, compute_steps):
     # times re-traces only the exchange (seconds).
     per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
     rounds, steps_per_round = rounds_plan(args)
+    # The search: at most --search-steps steps, 5 traces, and a minute of probes.
     search_steps = args.search_steps if args.search_on == "training" else 0
     per_config = 150 + per_step * (args.warmup_steps + search_steps + rounds * (1 + steps_per_round)) \
         + 2.0 * rounds * (args.exchange_steps + 2)
-    searches = 600 if args.search_on == "exchange" else 0
+    searches = 300 + 5 * 30 if args.search_on == "training" else 600
     return 180 + per_step * (3 + compute_steps) + num_configs * per_config + searches
 
 
@@ -165,8 +166,9 @@ def batch_spec(model, configs, args, result_path, compute_steps):
         "timeout_s": timeout_s,
         "result_path": result_path,
         "configs": configs,
+        # Rank 0 logs the search's phases into the batch's log.
         "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 3,
-                          "verbose": 0},
+                          "verbose": 1},
     }
 
 
@@ -270,7 +272,8 @@ def _summarize_config(label, results, model, workers, batch_size):
     row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
     row["first_steps_s"] = max(r["first_steps_s"] for r in results)
     for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
-                "search_candidates", "search_finished", "search_history"):
+                "search_candidates", "search_finished", "search_history", "search_steps",
+                "search_traces", "search_summary"):
         if key in results[0]:
             row[key] = results[0][key]
     if all(r.get("exchange_times_s") for r in results):
@@ -278,12 +281,31 @@ def _summarize_config(label, results, model, workers, batch_size):
             [max(calls) for calls in zip(*(r["exchange_times_s"] for r in results))])
     row["note"] = results[0].get("note", "")
     if "search_candidates" in row:
-        row["note"] = "search on %s times: %d candidates in %.0f s%s" % (
-            results[0].get("search_on", "training"), row["search_candidates"], row["search_s"],
-            "" if row["search_finished"] else ", stopped at the step budget (best so far kept)")
+        row["note"] = search_note(results[0], row)
     if batch_size:
         row["images_per_s"] = workers * batch_size / row["step_s"]
     return row
+
+
+def search_note(result, row):
+    """The search's cost and its confirm medians (choice vs sentinels), for the notes column."""
+    note = "search on %s: %s traces, %s steps, %.0f s" % (
+        result.get("search_on", "training"), row.get("search_traces", "?"),
+        row.get("search_steps", "?"), row["search_s"])
+    summary = row.get("search_summary") or {}
+    measured = {tuple(c["splits"]): c["measured_s"] for c in summary.get("candidates", [])
+                if c.get("measured_s") is not None}
+    n = row.get("num_tensors")
+    parts = []
+    for label, layout in (("chosen", tuple(summary.get("choice") or ())), ("one group", ()),
+                          ("layer-wise", tuple(range(1, n)) if n else None)):
+        if layout is not None and layout in measured:
+            parts.append("%s %.1f ms" % (label, 1e3 * measured[layout]))
+    if parts:
+        note += " (interleaved medians: %s)" % ", ".join(parts)
+    if not row.get("search_finished"):
+        note += ", stopped at the step budget (best so far kept)"
+    return note
 
 
 def spread(first, second):

@@ -38,10 +38,14 @@ failed on one rank, or a deadline one rank reached, is skipped or stops the
 run on every rank together instead of leaving the others waiting in
 collectives the failed rank never joins.
 
-``search_on``: "training" searches the partition from training step times
-(``MergeCompCallback``, a model re-trace per candidate); "exchange" from
-exchange times (``PartitionSearch`` over the exchange function, cheap
-re-traces), then trains with the partition found.
+``search_on``: "training" searches the partition during training
+(``MergeCompCallback``: a profiled one-group step and probes of single
+groups predict the candidates, the best few are confirmed by training steps
+against one group and layer-wise; the fit stops when the search is done, at
+``search_steps`` steps at most); "exchange" runs the same search with the
+gradient exchange alone as the step (``PartitionSearchDriver`` over the
+exchange function: no backprop, so no overlap to predict), then trains with
+the partition found.
 """
 
 import json
@@ -200,24 +204,47 @@ def _warm_up_slot(slot, dataset, spec):
         )
 
 
-def _search_partition(model, dataset, mergecomp, callback_class, spec):
-    """Runs MergeCompCallback's search for at most spec['search_steps'] steps.
+def _make_stop_when_done(callback):
+    import tensorflow as tf
 
-    fit ends after that many steps even when the search has not finished;
-    the callback then keeps the fastest partition measured so far.
+    class StopWhenSearchDone(tf.keras.callbacks.Callback):
+        """Ends the fit at the step the search concludes: every rank concludes
+        at the same step (its decisions are averaged over the ranks)."""
+
+        def on_train_batch_end(self, batch, logs=None):
+            if callback.done:
+                self.model.stop_training = True
+
+    return StopWhenSearchDone()
+
+
+def _search_partition(model, dataset, mergecomp, callback_class, spec):
+    """Runs MergeCompCallback's search, for at most spec['search_steps'] steps.
+
+    The fit stops when the search is done; if it reaches that many steps
+    first, the callback keeps the fastest candidate measured so far.
     """
     params = dict(spec.get("search_params", {}))
     callback = callback_class(mergecomp, **params)
     started = time.perf_counter()
     model.fit(dataset, steps_per_epoch=spec["search_steps"], epochs=1, verbose=0,
-              callbacks=[callback])
-    history = getattr(callback.search, "history", [])
+              callbacks=[callback, _make_stop_when_done(callback)])
+    return _search_record(callback.search, time.perf_counter() - started, "training")
+
+
+def _search_record(driver, seconds, search_on):
+    """What a search chose and cost, for the result JSON."""
+    algorithm = driver.algorithm
     return {
-        "search_s": time.perf_counter() - started,
-        "search_steps": spec["search_steps"],
-        "search_finished": bool(callback.done),
-        "search_candidates": len(history),
-        "search_history": _jsonable(history),
+        "search_s": seconds,
+        "search_on": search_on,
+        "search_steps": driver.cost["steps"],
+        "search_traces": driver.cost["traces"],
+        "search_cost": _jsonable(driver.cost),
+        "search_finished": bool(algorithm is not None and algorithm.done),
+        "search_candidates": len(driver.history),
+        "search_history": _jsonable(driver.history),
+        "search_summary": _jsonable(algorithm.summary()) if algorithm is not None else None,
     }
 
 
@@ -254,6 +281,7 @@ def _make_exchange(compression, gradients, tf):
             state["version"] = version
         return state["fn"](grads)
 
+    step.python_function = first_elements
     return step, gradients
 
 
@@ -270,28 +298,21 @@ def _time_exchange(exchange, calls, unmeasured):
 
 
 def _search_on_exchange(exchange, mergecomp, spec):
-    """MergeComp's partition search driven by exchange times (see the module docstring)."""
-    from tf_mergecomp.search_driver import PartitionSearch
+    """MergeComp's partition search with the exchange alone as the step (module docstring)."""
+    from tf_mergecomp.search_driver import PartitionSearchDriver
 
-    step, gradients = exchange
+    _, gradients = exchange
     params = dict(spec.get("search_params", {}))
-    search = PartitionSearch(mergecomp, **params)
+    search = PartitionSearchDriver(mergecomp, **params)
+    step = search.function(exchange[0].python_function)
     started = time.perf_counter()
-    for _ in range(spec.get("exchange_search_steps", 400)):
+    for _ in range(spec.get("search_steps", 300)):
         if search.done:
             break
         search.before_step()
         search.after_step(step(gradients))
-    finished = search.done
     search.finish()
-    return {
-        "search_s": time.perf_counter() - started,
-        "search_steps": search.search_steps,
-        "search_finished": bool(finished),
-        "search_candidates": len(search.history),
-        "search_history": _jsonable(search.history),
-        "search_on": "exchange",
-    }
+    return _search_record(search, time.perf_counter() - started, "exchange")
 
 
 def _jsonable(value):

@@ -1,0 +1,175 @@
+"""The step-time model against a plain one-event-at-a-time simulation, and its cost fits."""
+
+import random
+
+import numpy as np
+import pytest
+
+from tf_mergecomp.step_model import (LinearGroupCosts, MeasuredGroupCosts, StepTimeModel,
+                                     exhaustive_best, layouts_with_groups)
+
+
+def reference_step_time(ready, costs, tail, codec_on_compute, splits, decodes_after_backprop=False):
+    """The same rules as StepTimeModel, one gradient and one task at a time."""
+    n = len(ready)
+    ready = list(np.maximum.accumulate(np.maximum(ready, 0.0)))
+    bounds = [0] + list(splits) + [n]
+    groups = len(bounds) - 1
+    lo = np.array(bounds[:-1])
+    hi = np.array(bounds[1:])
+    encode, collective, decode = (np.broadcast_to(np.asarray(p, float), (groups,))
+                                  for p in costs(lo, hi))
+    collective_end = [None] * groups
+    network_free = 0.0
+    next_encode = next_decode = 0
+
+    def start_collective(g, at):
+        nonlocal network_free
+        begin = max(at, network_free)
+        collective_end[g] = begin + collective[g]
+        network_free = collective_end[g]
+
+    if not codec_on_compute:
+        clock = 0.0
+        while next_decode < groups:
+            encode_release = ready[hi[next_encode] - 1] if next_encode < groups else np.inf
+            decode_release = collective_end[next_decode] if next_decode < next_encode else np.inf
+            if decodes_after_backprop:
+                decode_release = max(decode_release, ready[-1])
+            if (decode_release < encode_release if decodes_after_backprop
+                    else decode_release <= encode_release):
+                clock = max(clock, decode_release) + decode[next_decode]
+                next_decode += 1
+            else:
+                clock = max(clock, encode_release) + encode[next_encode]
+                start_collective(next_encode, clock)
+                next_encode += 1
+        return max(clock, ready[-1]) + tail
+
+    clock = 0.0
+    computed = 0  # gradients done
+    encode_released_at = None
+    while next_decode < groups:
+        encode_runnable = next_encode < groups and hi[next_encode] <= computed
+        decode_release = collective_end[next_decode] if next_decode < next_encode else None
+        if decodes_after_backprop and (computed < n or encode_runnable):
+            decode_release = None  # not runnable yet
+        if encode_runnable and decode_release is not None and decode_release <= encode_released_at:
+            clock += decode[next_decode]
+            next_decode += 1
+        elif encode_runnable:
+            clock += encode[next_encode]
+            start_collective(next_encode, clock)
+            next_encode += 1
+        elif decode_release is not None and decode_release <= clock:
+            clock += decode[next_decode]
+            next_decode += 1
+        elif computed < n:
+            clock += ready[computed] - (ready[computed - 1] if computed else 0.0)
+            computed += 1
+            if next_encode < groups and hi[next_encode] == computed:
+                encode_released_at = clock
+        else:
+            clock = max(clock, decode_release) + decode[next_decode]
+            next_decode += 1
+    return clock + tail
+
+
+def random_model(rng, n, codec_on_compute):
+    sizes = [int(10 ** rng.uniform(1, 6)) for _ in range(n)]
+    ready = np.cumsum([rng.uniform(0.0, 0.01) for _ in range(n)]) + rng.uniform(0, 0.05)
+    coefficients = [[rng.uniform(0, 0.003), rng.uniform(0, 2e-8), rng.uniform(0, 1e-4)]
+                    for _ in range(3)]
+    costs = LinearGroupCosts(sizes, coefficients)
+    return sizes, StepTimeModel(ready, costs, tail=rng.uniform(0, 0.02),
+                                codec_on_compute=codec_on_compute)
+
+
+@pytest.mark.parametrize("codec_on_compute,decodes_after_backprop",
+                         [(False, False), (True, False), (False, True), (True, True)])
+def test_vectorized_model_matches_the_reference_simulation(codec_on_compute,
+                                                            decodes_after_backprop):
+    rng = random.Random(3)
+    for trial in range(30):
+        n = rng.choice([1, 2, 3, 7, 16])
+        _, model = random_model(rng, n, codec_on_compute)
+        model.decodes_after_backprop = decodes_after_backprop
+        for groups in range(1, min(n, 4) + 1):
+            layouts = layouts_with_groups(n, groups)
+            got = model.step_times(layouts)
+            for layout, seconds in zip(layouts, got):
+                expected = reference_step_time(model.ready, model.costs, model.tail,
+                                               codec_on_compute, tuple(layout),
+                                               decodes_after_backprop)
+                assert seconds == pytest.approx(expected, rel=1e-12, abs=1e-15), (trial, layout)
+        layerwise = tuple(range(1, n))
+        assert model.step_time(layerwise) == pytest.approx(reference_step_time(
+            model.ready, model.costs, model.tail, codec_on_compute, layerwise,
+            decodes_after_backprop), rel=1e-12)
+
+
+def test_one_group_waits_for_backprop_and_pays_every_part_after_it():
+    costs = LinearGroupCosts([100, 100], [[0.01, 0, 0], [0.02, 0, 0], [0.03, 0, 0]])
+    for on_compute in (False, True):
+        model = StepTimeModel([0.1, 0.2], costs, tail=0.005, codec_on_compute=on_compute)
+        assert model.step_time(()) == pytest.approx(0.2 + 0.06 + 0.005)
+
+
+def test_codec_on_compute_delays_backprop():
+    # Two groups; the first group's encode (0.05 s) runs on the backprop stream.
+    costs = LinearGroupCosts([1, 1], [[0.05, 0, 0], [0.0, 0, 0], [0.0, 0, 0]])
+    own = StepTimeModel([0.1, 0.2], costs, codec_on_compute=False).timeline((1,))
+    shared = StepTimeModel([0.1, 0.2], costs, codec_on_compute=True).timeline((1,))
+    assert own["backprop_end"] == pytest.approx(0.2)
+    assert own["step"] == pytest.approx(0.25)
+    assert shared["backprop_end"] == pytest.approx(0.25)  # 0.2 + the first encode
+    assert shared["step"] == pytest.approx(0.30)
+    assert shared["encode"][0] == pytest.approx((0.1, 0.15))
+
+
+def test_collectives_run_one_at_a_time_in_group_order():
+    costs = LinearGroupCosts([1, 1, 1], [[0, 0, 0], [0.1, 0, 0], [0, 0, 0]])
+    timeline = StepTimeModel([0.0, 0.01, 0.02], costs, codec_on_compute=False).timeline((1, 2))
+    starts = [start for start, _ in timeline["collective"]]
+    assert starts == pytest.approx([0.0, 0.1, 0.2])
+    assert timeline["step"] == pytest.approx(0.3)
+
+
+def test_fit_recovers_linear_costs_and_measured_groups_override():
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(10, 10**6, 50)
+    truth = LinearGroupCosts(sizes, [[1e-4, 2e-9, 5e-6], [2e-3, 8e-9, 0], [5e-5, 1e-9, 2e-6]])
+    groups = [(i, i + 1) for i in range(50)] + [(0, 50), (0, 25), (25, 50), (10, 40)]
+    lo, hi = np.array(groups).T
+    seconds = np.stack(truth(lo, hi), axis=1)
+    fitted = LinearGroupCosts.fit(sizes, groups, seconds)
+    assert fitted.coefficients == pytest.approx(truth.coefficients, rel=1e-6, abs=1e-12)
+
+    overlay = MeasuredGroupCosts(fitted, {(0, 25): (1.0, 2.0, 3.0)})
+    parts = overlay(np.array([[0, 25]]), np.array([[25, 50]]))
+    assert [p[0, 0] for p in parts] == [1.0, 2.0, 3.0]
+    assert parts[0][0, 1] == pytest.approx(truth(25, 50)[0])
+
+
+def test_fit_keeps_coefficients_non_negative():
+    groups = [(0, 1), (1, 2), (0, 2)]
+    seconds = [[0.01, 0.01, 0.01], [0.011, 0.011, 0.011], [0.009, 0.009, 0.009]]
+    fitted = LinearGroupCosts.fit([100, 200], groups, seconds)
+    assert (fitted.coefficients >= 0).all()
+
+
+def test_exhaustive_best_is_the_minimum_over_all_layouts():
+    rng = random.Random(5)
+    _, model = random_model(rng, 12, True)
+    for groups in (1, 2, 3):
+        layout, seconds = exhaustive_best(model, groups, chunk=7)
+        every = layouts_with_groups(12, groups)
+        assert seconds == pytest.approx(float(model.step_times(every).min()))
+        assert model.step_time(layout) == pytest.approx(seconds)
+
+
+def test_rejects_bad_layouts():
+    model = StepTimeModel([0.1, 0.2, 0.3], LinearGroupCosts([1, 1, 1], np.zeros((3, 3))))
+    for bad in ((0,), (3,), (2, 1), (1, 1)):
+        with pytest.raises(ValueError):
+            model.step_time(bad)

@@ -1,0 +1,412 @@
+"""The step-time model: one training step's time for any partition, from measured parts.
+
+One model serves the partition search's explore phase (tf_mergecomp/search.py)
+and anything else that predicts step times from a profile; it knows nothing
+of TensorFlow. An event-level model of one step:
+
+- Backprop releases the N gradients in backprop order; ``ready[i]`` is when
+  gradient i is ready, in seconds from the start of the step (forward pass
+  included), as measured in a step where nothing else delays backprop.
+- A group (tensors [lo, hi)) is encoded when its last gradient is ready and
+  the codec stream is free; its collective starts when the encode is done and
+  the network is free (collectives run one at a time, in group order, as
+  Horovod's background thread runs them); its decode runs when the collective
+  is done and the codec stream is free. The codec stream serves encodes and
+  decodes first come, first served (by the time they became runnable; a tie
+  goes to the decode).
+- ``codec_on_compute``: where the codec kernels run. True: on the stream that
+  runs backprop (a CPU host, where one thread pool runs every op): a codec
+  task runs at the next gradient boundary once it is runnable, ahead of the
+  remaining backprop, which it delays by its duration. False: on a stream of
+  their own (the group kernels on the host CPU while a GPU runs backprop).
+- ``decodes_after_backprop``: no decode starts before backprop, and the
+  encodes it released, have ended. So TensorFlow runs a step with one
+  inter-op thread: an op made runnable by a collective's completion (on
+  Horovod's thread) waits until the executor's thread has run out of other
+  runnable ops.
+- The step ends ``tail`` seconds (the optimizer update and the framework's
+  per-step work) after the later of the last decode and the end of backprop.
+
+Each group's encode, collective and decode seconds come from a cost function
+``costs(lo, hi) -> (encode, collective, decode)`` over integer arrays of
+group bounds. ``LinearGroupCosts`` is a fixed cost per call plus a cost per
+element and per tensor for each part, fitted to measured groups;
+``MeasuredGroupCosts`` puts measured groups over such a fit. Any other cost
+function with that signature can be used (for example a network model of
+ring allreduce and allgather for W workers).
+
+Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
+group, ``(1, ..., N - 1)`` layer-wise. ``StepTimeModel.step_times`` evaluates
+many layouts of one group count at once with numpy; ``step_time`` one layout;
+``timeline`` the events of one layout (for plots).
+"""
+
+import itertools
+import math
+
+import numpy as np
+
+_INF = np.inf
+
+
+class LinearGroupCosts:
+    """Per part (encode, collective, decode): fixed + per_element * elements + per_tensor * tensors.
+
+    Args:
+      sizes: element counts of the N tensors in backprop order.
+      coefficients: 3x3, rows encode / collective / decode, columns fixed
+        seconds, seconds per element, seconds per tensor.
+    """
+
+    PARTS = ("encode", "collective", "decode")
+
+    def __init__(self, sizes, coefficients):
+        self.sizes = np.asarray(sizes, dtype=np.float64)
+        self.cumulative = np.concatenate([[0.0], np.cumsum(self.sizes)])
+        self.coefficients = np.asarray(coefficients, dtype=np.float64).reshape(3, 3)
+
+    def __call__(self, lo, hi):
+        lo = np.asarray(lo)
+        hi = np.asarray(hi)
+        elements = self.cumulative[hi] - self.cumulative[lo]
+        tensors = (hi - lo).astype(np.float64)
+        return tuple(c[0] + c[1] * elements + c[2] * tensors for c in self.coefficients)
+
+    @classmethod
+    def fit(cls, sizes, groups, seconds):
+        """Least-squares fit, in relative error, with non-negative coefficients.
+
+        groups: [(lo, hi)] measured; seconds: [[encode, collective, decode]] each.
+        Relative error weights a 50 us group as much as a 500 ms one, so the
+        fixed costs that decide how many groups pay are fitted, not drowned.
+        """
+        sizes = np.asarray(sizes, dtype=np.float64)
+        cumulative = np.concatenate([[0.0], np.cumsum(sizes)])
+        groups = np.asarray(groups, dtype=np.int64).reshape(-1, 2)
+        seconds = np.asarray(seconds, dtype=np.float64).reshape(-1, 3)
+        if len(groups) == 0:
+            raise ValueError("no measured groups to fit")
+        features = np.stack([np.ones(len(groups)),
+                             cumulative[groups[:, 1]] - cumulative[groups[:, 0]],
+                             (groups[:, 1] - groups[:, 0]).astype(np.float64)], axis=1)
+        coefficients = np.zeros((3, 3))
+        for part in range(3):
+            target = seconds[:, part]
+            weights = 1.0 / np.maximum(target, max(1e-6, 1e-3 * float(np.median(target))))
+            coefficients[part] = _nonnegative_least_squares(features * weights[:, None],
+                                                            target * weights)
+        return cls(sizes, coefficients)
+
+    def describe(self):
+        return {part: {"fixed_s": row[0], "per_element_s": row[1], "per_tensor_s": row[2]}
+                for part, row in zip(self.PARTS, self.coefficients.tolist())}
+
+
+def _nonnegative_least_squares(a, b):
+    """argmin |a x - b| with x >= 0, for a few columns: the best over active sets."""
+    columns = a.shape[1]
+    best, best_residual = np.zeros(columns), float(np.sum(b * b))
+    for count in range(1, columns + 1):
+        for active in itertools.combinations(range(columns), count):
+            solution, _, _, _ = np.linalg.lstsq(a[:, active], b, rcond=None)
+            if np.any(solution < 0):
+                continue
+            x = np.zeros(columns)
+            x[list(active)] = solution
+            residual = float(np.sum((a @ x - b) ** 2))
+            if residual < best_residual:
+                best, best_residual = x, residual
+    return best
+
+
+class MeasuredGroupCosts:
+    """Measured groups' own costs where known, a fitted cost function elsewhere.
+
+    measured: {(lo, hi): (encode, collective, decode)}.
+    """
+
+    def __init__(self, fitted, measured):
+        self.fitted = fitted
+        self.measured = {(int(lo), int(hi)): tuple(float(v) for v in value)
+                         for (lo, hi), value in measured.items()}
+        keys = sorted(self.measured)
+        self._keys = np.array([_group_key(lo, hi) for lo, hi in keys], dtype=np.int64)
+        self._values = np.array([self.measured[k] for k in keys], dtype=np.float64).reshape(-1, 3)
+
+    def __call__(self, lo, hi):
+        lo = np.asarray(lo)
+        hi = np.asarray(hi)
+        shape = np.broadcast(lo, hi).shape
+        parts = [np.broadcast_to(np.asarray(p, dtype=np.float64), shape).copy()
+                 for p in self.fitted(lo, hi)]
+        if len(self._keys):
+            query = _group_key(lo, hi)
+            index = np.minimum(np.searchsorted(self._keys, query), len(self._keys) - 1)
+            found = self._keys[index] == query
+            for part in range(3):
+                parts[part][found] = self._values[index[found], part]
+        return tuple(parts)
+
+
+def _group_key(lo, hi):
+    return np.asarray(lo, dtype=np.int64) * (1 << 32) + np.asarray(hi, dtype=np.int64)
+
+
+class StepTimeModel:
+    """Predicts one training step's seconds for a partition (module docstring).
+
+    Args:
+      ready: seconds from the step's start at which each of the N gradients
+        (backprop order) is ready; made non-decreasing.
+      costs: ``costs(lo, hi) -> (encode, collective, decode)`` arrays.
+      tail: seconds from the end of the exchange and backprop to the step's end.
+      codec_on_compute: whether codec tasks delay backprop (CPU hosts).
+      decodes_after_backprop: whether decodes wait for the end of backprop.
+    """
+
+    def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
+                 decodes_after_backprop=False):
+        ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
+        if ready.ndim != 1 or len(ready) == 0:
+            raise ValueError("ready must list at least one gradient's ready time")
+        self.ready = ready
+        self.num_tensors = len(ready)
+        # boundary[k]: when k gradients are done (boundary[0] = 0).
+        self.boundary = np.concatenate([[0.0], ready])
+        self.costs = costs
+        self.tail = float(tail)
+        self.codec_on_compute = bool(codec_on_compute)
+        self.decodes_after_backprop = bool(decodes_after_backprop)
+
+    # ------------------------------------------------------------------ public
+    def step_time(self, splits):
+        return float(self.step_times(np.asarray([tuple(splits)], dtype=np.int64)
+                                     .reshape(1, len(tuple(splits))))[0])
+
+    def step_times(self, splits):
+        """Seconds per layout for a [B, G - 1] array of layouts with G groups each."""
+        splits = np.asarray(splits, dtype=np.int64)
+        if splits.ndim != 2:
+            raise ValueError("splits must be a [layouts, groups - 1] array")
+        return self._simulate(splits)["step"]
+
+    def timeline(self, splits):
+        """{encode, collective, decode: [(start, end)] per group, backprop_end, step} of one layout."""
+        events = self._simulate(np.asarray([tuple(splits)], dtype=np.int64)
+                                .reshape(1, len(tuple(splits))), record=True)
+        return {
+            "encode": [tuple(map(float, pair)) for pair in events["encode"][0]],
+            "collective": [tuple(map(float, pair)) for pair in events["collective"][0]],
+            "decode": [tuple(map(float, pair)) for pair in events["decode"][0]],
+            "backprop_end": float(events["backprop_end"][0]),
+            "step": float(events["step"][0]),
+        }
+
+    # --------------------------------------------------------------- simulation
+    def _simulate(self, splits, record=False):
+        n = self.num_tensors
+        layouts, cuts = splits.shape
+        groups = cuts + 1
+        if cuts and (np.any(splits <= 0) or np.any(splits >= n)
+                     or np.any(np.diff(splits, axis=1) <= 0)):
+            raise ValueError("splits must be strictly increasing integers in (0, %d)" % n)
+        lo = np.concatenate([np.zeros((layouts, 1), np.int64), splits], axis=1)
+        hi = np.concatenate([splits, np.full((layouts, 1), n, np.int64)], axis=1)
+        encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
+                                                      (layouts, groups))
+                                      for p in self.costs(lo, hi))
+        rows = np.arange(layouts)
+        state = _State(layouts, groups, record)
+        if self.codec_on_compute:
+            self._run_on_compute(state, rows, hi, encode, collective, decode)
+        else:
+            self._run_on_own_stream(state, rows, hi, encode, collective, decode)
+        result = {"step": state.step + self.tail, "backprop_end": state.backprop_end}
+        if record:
+            result.update(encode=state.encode_span, collective=state.collective_span,
+                          decode=state.decode_span)
+        return result
+
+    def _run_on_own_stream(self, s, rows, hi, encode, collective, decode):
+        boundary = self.boundary
+        groups = hi.shape[1]
+        clock = np.zeros(len(rows))  # the codec stream's
+        for _ in range(2 * groups):
+            e = np.minimum(s.next_encode, groups - 1)
+            d = np.minimum(s.next_decode, groups - 1)
+            encode_release = np.where(s.next_encode < groups, boundary[hi[rows, e]], _INF)
+            decode_release = np.where(s.next_decode < s.next_encode,
+                                      s.collective_end[rows, d], _INF)
+            if self.decodes_after_backprop:
+                # After backprop, and after the encode its last gradient released.
+                decode_release = np.maximum(decode_release, boundary[-1])
+                run_decode = decode_release < encode_release
+            else:
+                run_decode = decode_release <= encode_release
+            release = np.minimum(encode_release, decode_release)
+            start = np.maximum(clock, release)
+            clock = start + np.where(run_decode, decode[rows, d], encode[rows, e])
+            self._finish_tasks(s, rows, run_decode, start, clock, e, d, collective)
+        s.backprop_end = np.full(len(rows), boundary[-1])
+        s.step = np.maximum(clock, boundary[-1])
+
+    def _run_on_compute(self, s, rows, hi, encode, collective, decode):
+        """Codec tasks share the backprop stream; they run at gradient boundaries.
+
+        State per layout: ``done`` gradients are computed, the stream is at
+        time ``clock``; while backprop is unfinished, clock = boundary[done] +
+        delay, ``delay`` being the codec time inserted into backprop so far.
+        Each iteration either runs one codec task (an encode whose last
+        gradient is done, or a decode whose collective has returned, the
+        earlier released first) or advances backprop to the next boundary at
+        which one becomes runnable.
+        """
+        boundary = self.boundary
+        n = self.num_tensors
+        groups = hi.shape[1]
+        done = np.zeros(len(rows), np.int64)
+        delay = np.zeros(len(rows))
+        clock = np.zeros(len(rows))
+        backprop_end = np.full(len(rows), _INF)
+        encode_released_at = np.full(len(rows), _INF)  # when the next encode became runnable
+        for _ in range(4 * groups + 2):
+            active = s.next_decode < groups
+            if not active.any():
+                break
+            e = np.minimum(s.next_encode, groups - 1)
+            d = np.minimum(s.next_decode, groups - 1)
+            encode_hi = np.where(s.next_encode < groups, hi[rows, e], n + 1)
+            encode_runnable = encode_hi <= done
+            decode_known = s.next_decode < s.next_encode
+            decode_release = np.where(decode_known, s.collective_end[rows, d], _INF)
+            finished = done >= n
+            # First come, first served: a runnable encode yields only to a
+            # decode released no later than it; with no encode runnable, a
+            # released decode runs, and after backprop one is waited for.
+            run_decode = active & decode_known & np.where(
+                encode_runnable, decode_release <= encode_released_at,
+                (decode_release <= clock) | finished)
+            if self.decodes_after_backprop:
+                run_decode = active & decode_known & finished & ~encode_runnable
+            run_encode = active & ~run_decode & encode_runnable
+            run_task = run_decode | run_encode
+            start = np.where(run_decode, np.maximum(clock, decode_release), clock)
+            duration = np.where(run_decode, decode[rows, d], encode[rows, e])
+            end = start + duration
+            # Advance backprop where no task runs: to the encode's boundary or
+            # the first boundary at or after the decode's release, whichever
+            # comes first.
+            advance = active & ~run_task & ~finished
+            decode_boundary = np.searchsorted(boundary, decode_release - delay, side="left")
+            if self.decodes_after_backprop:  # a decode's release stops nothing
+                target = encode_hi
+            else:
+                target = np.minimum(encode_hi, np.maximum(decode_boundary, done + 1))
+            target = np.minimum(target, n)
+            new_done = np.where(advance, target, done)
+            advanced_clock = boundary[new_done] + delay
+            encode_released_at = np.where(advance & (new_done >= encode_hi), advanced_clock,
+                                          encode_released_at)
+            just_finished = advance & (new_done >= n)
+            backprop_end = np.where(just_finished, advanced_clock, backprop_end)
+            delay = np.where(run_task & ~finished, delay + duration, delay)
+            clock = np.where(run_task, end, np.where(advance, advanced_clock, clock))
+            done = new_done
+            self._finish_tasks(s, rows, run_decode, start, end, e, d, collective,
+                               run_encode=run_encode)
+        s.backprop_end = backprop_end
+        s.step = np.maximum(clock, backprop_end)
+
+    @staticmethod
+    def _finish_tasks(s, rows, run_decode, start, end, e, d, collective, run_encode=None):
+        if run_encode is None:
+            run_encode = ~run_decode
+        if run_encode.any():
+            r = rows[run_encode]
+            ge = e[run_encode]
+            collective_start = np.maximum(end[run_encode], s.network_free[run_encode])
+            collective_end = collective_start + collective[r, ge]
+            s.collective_end[r, ge] = collective_end
+            s.network_free[run_encode] = collective_end
+            s.next_encode[run_encode] += 1
+            if s.record:
+                s.encode_span[r, ge, 0] = start[run_encode]
+                s.encode_span[r, ge, 1] = end[run_encode]
+                s.collective_span[r, ge, 0] = collective_start
+                s.collective_span[r, ge, 1] = collective_end
+        if run_decode.any():
+            r = rows[run_decode]
+            s.next_decode[run_decode] += 1
+            if s.record:
+                gd = d[run_decode]
+                s.decode_span[r, gd, 0] = start[run_decode]
+                s.decode_span[r, gd, 1] = end[run_decode]
+
+
+class _State:
+    def __init__(self, layouts, groups, record):
+        self.next_encode = np.zeros(layouts, np.int64)
+        self.next_decode = np.zeros(layouts, np.int64)
+        self.collective_end = np.full((layouts, groups), _INF)
+        self.network_free = np.zeros(layouts)
+        self.record = record
+        if record:
+            self.encode_span = np.zeros((layouts, groups, 2))
+            self.collective_span = np.zeros((layouts, groups, 2))
+            self.decode_span = np.zeros((layouts, groups, 2))
+        self.step = None
+        self.backprop_end = None
+
+
+def monotone_fit(values):
+    """The non-decreasing sequence closest to ``values`` in least squares (pool
+    adjacent violators): ready times measured with jitter, made monotone
+    without the upward bias of a running maximum."""
+    blocks = []  # [mean, count]
+    for value in np.asarray(values, dtype=np.float64):
+        blocks.append([value, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1][0] = (blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count)
+            blocks[-1][1] += count
+    return np.concatenate([np.full(count, mean) for mean, count in blocks]) if blocks else \
+        np.zeros(0)
+
+
+def layouts_with_groups(n, groups, cut_positions=None):
+    """Every layout of ``groups`` groups whose cuts are in ``cut_positions``
+    (default: all of 1..n-1), as a [count, groups - 1] array."""
+    positions = np.arange(1, n) if cut_positions is None else np.unique(
+        np.asarray(cut_positions, dtype=np.int64))
+    positions = positions[(positions > 0) & (positions < n)]
+    if groups == 1:
+        return np.zeros((1, 0), np.int64)
+    if groups - 1 > len(positions):
+        return np.zeros((0, groups - 1), np.int64)
+    combos = itertools.combinations(positions.tolist(), groups - 1)
+    count = math.comb(len(positions), groups - 1)
+    return np.fromiter(itertools.chain.from_iterable(combos), dtype=np.int64,
+                       count=count * (groups - 1)).reshape(count, groups - 1)
+
+
+def exhaustive_best(model, groups, chunk=200_000):
+    """(layout, seconds): the model's fastest layout of exactly ``groups`` groups, by
+    evaluating every one (C(N - 1, groups - 1) layouts)."""
+    n = model.num_tensors
+    if groups == 1:
+        return (), model.step_time(())
+    if groups > n:
+        return None, _INF
+    best, best_seconds = None, _INF
+    combos = itertools.combinations(range(1, n), groups - 1)
+    while True:
+        block = np.fromiter(itertools.chain.from_iterable(itertools.islice(combos, chunk)),
+                            dtype=np.int64)
+        if block.size == 0:
+            break
+        block = block.reshape(-1, groups - 1)
+        times = model.step_times(block)
+        index = int(np.argmin(times))
+        if times[index] < best_seconds:
+            best, best_seconds = tuple(int(c) for c in block[index]), float(times[index])
+    return best, best_seconds
