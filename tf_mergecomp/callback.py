@@ -17,12 +17,11 @@ before the search does, the best partition measured so far is kept (and not
 saved).
 """
 
-import tensorflow as tf
-
+from tf_mergecomp._keras import keras
 from tf_mergecomp.search_driver import PartitionSearch
 
 
-class MergeCompCallback(tf.keras.callbacks.Callback):
+class MergeCompCallback(keras.callbacks.Callback):
     """Searches the fastest partition for ``compression`` while the model trains.
 
     Args:
