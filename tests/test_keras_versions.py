@@ -22,14 +22,14 @@ TF_MINOR = tuple(int(part) for part in tf.__version__.split(".")[:2])
 TF_KERAS_INSTALLED = importlib.util.find_spec("tf_keras") is not None
 
 
-def _is_keras2(keras):
+def _is_keras2_backend(backend):
     # Keras 2's backend has the TF1-style helpers Horovod's callbacks call; Keras 3's has not.
-    return all(hasattr(keras.backend, name) for name in ("constant", "get_value", "set_value"))
+    return all(hasattr(backend, name) for name in ("constant", "get_value", "set_value"))
 
 
 def test_the_keras_in_use_is_tf_keras_and_keras2():
     keras = _keras.keras_module()
-    assert _is_keras2(keras)
+    assert _is_keras2_backend(keras.backend)
     assert keras.callbacks.Callback is tf.keras.callbacks.Callback
     assert issubclass(MergeCompCallback, tf.keras.callbacks.Callback)
 
@@ -51,7 +51,7 @@ def test_horovod_keras_wrappers_use_the_keras2_backend():
     assert hvd.DistributedOptimizer.__name__ == "DistributedOptimizer"
     assert hasattr(hvd.DistributedOptimizer, "_tf_mergecomp_original")  # wrapped by the hook
     for module in (hvd, hvd_callbacks):
-        assert _is_keras2(module.K), module.K
+        assert _is_keras2_backend(module.K), module.K
 
 
 _CHILD = """
