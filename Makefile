@@ -1,24 +1,57 @@
 # One-command set-up, training and tests. Every target installs what it needs
-# into .venv first; a second run finds everything in place and takes seconds.
+# into the venv first; a second run finds everything in place and takes seconds.
 #
 #   make train        the main job: 2-worker horovodrun training with MergeComp
 #   make test         the test suite
 #   make build        rebuild the custom-op library after editing custom_ops/
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
+#
+# Another TensorFlow release (README, "The stack"): add TF_VERSION=2.16 ... 2.19
+# (a minor release, or a full version such as 2.18.0) to any target. It gets its
+# own venv, .venv-tf<version>, and Keras 2 from tf_keras; the default
+# (TensorFlow 2.15.1) lives in .venv.
+#
+#   make test TF_VERSION=2.19
 
 PYTHON_BOOTSTRAP ?= python3
-TF_PACKAGE ?= tensorflow-cpu==2.15.1
 HOROVOD_VERSION ?= 0.28.1
-VENV := .venv
+NP ?= 2
+
+DEFAULT_TF_VERSION := 2.15.1
+TF_VERSION ?= $(DEFAULT_TF_VERSION)
+# The release a minor version stands for: its newest patch release.
+TF_RELEASE_2.15 := 2.15.1
+TF_RELEASE_2.16 := 2.16.2
+TF_RELEASE_2.17 := 2.17.1
+TF_RELEASE_2.18 := 2.18.1
+TF_RELEASE_2.19 := 2.19.1
+TF_FULL_VERSION := $(or $(TF_RELEASE_$(TF_VERSION)),$(TF_VERSION))
+TF_MINOR_VERSION := $(word 1,$(subst ., ,$(TF_FULL_VERSION))).$(word 2,$(subst ., ,$(TF_FULL_VERSION)))
+TF_PACKAGE ?= tensorflow-cpu==$(TF_FULL_VERSION)
+# TensorFlow >= 2.16 ships Keras 3 as tf.keras; Horovod needs Keras 2, which
+# comes from tf_keras (same minor version) with TF_USE_LEGACY_KERAS=1.
+KERAS_PACKAGE := $(if $(filter 2.12 2.13 2.14 2.15,$(TF_MINOR_VERSION)),,tf-keras~=$(TF_MINOR_VERSION).0)
+ifneq ($(KERAS_PACKAGE),)
+export TF_USE_LEGACY_KERAS := 1
+endif
+
+ifeq ($(TF_FULL_VERSION),$(DEFAULT_TF_VERSION))
+VENV ?= .venv
+else
+VENV ?= .venv-tf$(TF_FULL_VERSION)
+endif
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-NP ?= 2
 
 # Horovod compiles against the TensorFlow already installed; CMake 4 breaks
 # Gloo's build, so prefer the system CMake (see README, "The stack").
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
 	MAKEFLAGS=-j$$(nproc) PATH=/usr/bin:$$PATH
+# Horovod's wheel only works with the TensorFlow it was compiled against, which
+# pip's own wheel cache does not tell apart: keep built wheels per TensorFlow
+# package here (a second venv for the same TensorFlow then installs in seconds).
+HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))
 
 .PHONY: setup build train test bench clean
 
@@ -30,9 +63,18 @@ $(VENV)/.stamp-python:
 	touch $@
 
 $(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile
-	$(PIP) install --quiet "$(TF_PACKAGE)" "numpy<2" pytest scikit-learn matplotlib
+	$(PIP) install --quiet "$(TF_PACKAGE)" $(if $(KERAS_PACKAGE),"$(KERAS_PACKAGE)") "numpy<2" pytest scikit-learn matplotlib
 	@command -v cmake >/dev/null || { echo "cmake (< 4) is required to build Horovod: apt-get install cmake"; exit 1; }
-	$(HOROVOD_ENV) $(PIP) install --no-build-isolation "horovod==$(HOROVOD_VERSION)"
+	@tag=$$($(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
+	wheel=$$(ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-$$tag-*.whl 2>/dev/null | head -n 1); \
+	if [ -z "$$wheel" ]; then \
+		echo "tf_mergecomp: building Horovod $(HOROVOD_VERSION) against $(TF_PACKAGE) (minutes)"; \
+		$(HOROVOD_ENV) $(PIP) wheel --quiet --no-cache-dir --no-build-isolation --no-deps \
+			-w $(HOROVOD_WHEELS) "horovod==$(HOROVOD_VERSION)" || exit 1; \
+		wheel=$$(ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-$$tag-*.whl | head -n 1); \
+	fi; \
+	echo "$(PIP) install --force-reinstall --no-deps $$wheel"; \
+	$(PIP) install --quiet --force-reinstall --no-deps "$$wheel" && $(PIP) install --quiet "$$wheel"
 	$(VENV)/bin/horovodrun --check-build
 	touch $@
 

@@ -6,13 +6,25 @@ running interpreter (so TensorFlow must be installed first and the build must
 run without build isolation: ``pip install --no-build-isolation -e .``).
 
 CPU kernels (``*.cc``) are always built. CUDA kernels (``*.cu.cc``) are built
-only when TensorFlow is a CUDA build and ``nvcc`` is found; otherwise the build
-says, in one line, that it is CPU-only.
+only when all of these hold: TensorFlow is a CUDA build, ``nvcc`` runs, the CUDA
+headers (``cuda_runtime.h``) are found, and nvcc's CUDA major version is the one
+TensorFlow was built with. Only then are the CPU kernels compiled with
+``GOOGLE_CUDA=1`` (which registers the GPU kernels), and always together with the
+CUDA include path. The build prints one line saying which it builds and why.
+
+Environment:
+  TF_MERGECOMP_CUDA   ``auto`` (default) as above; ``0`` CPU-only; ``1`` CUDA
+                      kernels even if the CUDA versions differ (fails if nvcc or
+                      the headers are missing).
+  CUDA_HOME           the CUDA toolkit (nvcc in bin/, headers in include/);
+                      otherwise ``nvcc`` on PATH, else /usr/local/cuda.
+  NVCC, CUDA_INCLUDE_DIR   override nvcc and the header directory one by one.
 """
 
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,17 +48,95 @@ def _tensorflow_build_flags():
             "tf_mergecomp: TensorFlow must be installed before building the ops "
             "(and pip must run with --no-build-isolation): %s" % exc
         )
-    info = tf.sysconfig.get_build_info()
     return (
         tf.__version__,
         tf.sysconfig.get_compile_flags(),
         tf.sysconfig.get_link_flags(),
-        bool(info.get("is_cuda_build", False)),
+        dict(tf.sysconfig.get_build_info()),
     )
+
+
+def _nvcc_toolkit(nvcc):
+    """What nvcc reports of itself: {"release": "12.3", "root", "includes", "libs"}, or None
+    if it does not run. nvcc may be a wrapper script, so its own dry run says where the
+    toolkit is."""
+    try:
+        version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
+        dryrun = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                                capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    release = re.search(r"release (\d+\.\d+)", version.stdout)
+    if version.returncode != 0 or not release:
+        return None
+    text = dryrun.stdout + dryrun.stderr
+    top = re.search(r"^#\$ TOP=(.*)$", text, re.M)
+    root = Path(os.path.normpath(top.group(1).strip())) if top else Path(nvcc).resolve().parent.parent
+    flags = re.findall(r'"?-([IL])([^"\s]+)"?', " ".join(
+        line for line in text.splitlines() if line.startswith(("#$ INCLUDES=", "#$ LIBRARIES="))))
+    includes = [root / "include"] + [Path(os.path.normpath(p)) for kind, p in flags if kind == "I"]
+    libs = [root / "lib64"] + [Path(os.path.normpath(p)) for kind, p in flags
+                               if kind == "L" and not p.rstrip("/").endswith("stubs")]
+    return {"release": release.group(1), "root": root, "includes": includes, "libs": libs}
+
+
+def _cuda_toolkit(tf_version, tf_build_info):
+    """Decides whether to build the CUDA kernels.
+
+    Returns (toolkit, reason): toolkit is None for a CPU-only build, else a dict
+    with "nvcc", "include" and "lib" (directories); reason says why, in words.
+    """
+    mode = os.environ.get("TF_MERGECOMP_CUDA", "auto").strip().lower()
+    if mode in ("0", "no", "off", "false"):
+        return None, "TF_MERGECOMP_CUDA=0"
+    forced = mode in ("1", "yes", "on", "true")
+    if mode != "auto" and not forced:
+        sys.exit("tf_mergecomp: TF_MERGECOMP_CUDA must be auto, 0 or 1, not %r" % mode)
+    if not tf_build_info.get("is_cuda_build", False):
+        return None, "TensorFlow %s is not a CUDA build" % tf_version
+
+    def unusable(reason):
+        if forced:
+            sys.exit("tf_mergecomp: TF_MERGECOMP_CUDA=1, but %s" % reason)
+        return None, reason
+
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = os.environ.get("NVCC")
+    if not nvcc and cuda_home:
+        nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if not nvcc:
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    found = _nvcc_toolkit(nvcc)
+    if found is None:
+        return unusable("nvcc (%s) was not found or does not run" % nvcc)
+    if os.environ.get("CUDA_INCLUDE_DIR"):
+        candidates = [Path(os.environ["CUDA_INCLUDE_DIR"])]
+    else:
+        candidates = ([Path(cuda_home) / "include"] if cuda_home else []) + found["includes"]
+    include = next((d for d in candidates if (d / "cuda_runtime.h").exists()), None)
+    if include is None:
+        return unusable("the CUDA headers were not found (no cuda_runtime.h in %s; set "
+                        "CUDA_HOME or CUDA_INCLUDE_DIR)" % ", ".join(map(str, candidates)))
+    release = found["release"]
+    tf_cuda = str(tf_build_info.get("cuda_version", ""))
+    if tf_cuda and tf_cuda.split(".")[0] != release.split(".")[0] and not forced:
+        return None, ("nvcc %s is CUDA %s, but TensorFlow %s was built with CUDA %s"
+                      % (nvcc, release, tf_version, tf_cuda))
+    lib = next((d for d in found["libs"] if d.is_dir()), found["libs"][0])
+    toolkit = {"nvcc": nvcc, "include": str(include), "lib": str(lib)}
+    return toolkit, "nvcc %s is CUDA %s, headers in %s, TensorFlow %s built with CUDA %s" % (
+        nvcc, release, include, tf_version, tf_cuda or "?")
 
 
 def _newer(source, target):
     return not target.exists() or source.stat().st_mtime > target.stat().st_mtime
+
+
+def _read_build_info(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class BuildTensorFlowOps(build_ext):
@@ -64,22 +154,25 @@ class BuildTensorFlowOps(build_ext):
             self._build_locked(output)
 
     def _build_locked(self, output):
-        tf_version, compile_flags, link_flags, is_cuda_build = _tensorflow_build_flags()
-        object_dir = ROOT / "build" / ("ops-tf" + tf_version)
+        tf_version, compile_flags, link_flags, tf_build_info = _tensorflow_build_flags()
+        toolkit, why = _cuda_toolkit(tf_version, tf_build_info)
+        build_cuda = toolkit is not None
+        if build_cuda:
+            print("tf_mergecomp: building ops with CUDA kernels (%s)" % why, flush=True)
+        else:
+            print("tf_mergecomp: building CPU-only ops (%s)" % why, flush=True)
+        # Objects are kept per TensorFlow version and per kind of build.
+        object_dir = ROOT / "build" / ("ops-tf" + tf_version + ("-cuda" if build_cuda else ""))
         object_dir.mkdir(parents=True, exist_ok=True)
         headers = sorted(OPS_DIR.rglob("*.h"))
         newest_header = max((h.stat().st_mtime for h in headers), default=0.0)
         cxx = os.environ.get("CXX", "g++")
         # No fused multiply-add contraction: kernels match the plain-TF references bit for bit.
         common = ["-std=c++17", "-fPIC", "-O3", "-ffp-contract=off", "-I" + str(OPS_DIR)] + compile_flags
-
-        nvcc = shutil.which("nvcc") or (
-            "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-        )
-        build_cuda = is_cuda_build and nvcc is not None
-        if not build_cuda:
-            why = "TensorFlow is not a CUDA build" if not is_cuda_build else "nvcc was not found"
-            print("tf_mergecomp: building CPU-only ops (%s)" % why, flush=True)
+        if build_cuda:
+            # GOOGLE_CUDA makes TensorFlow's and Eigen's headers include CUDA's:
+            # never one without the other.
+            common += ["-DGOOGLE_CUDA=1", "-I" + toolkit["include"]]
 
         jobs = []
         for source in sorted(OPS_DIR.rglob("*.cc")):
@@ -89,13 +182,12 @@ class BuildTensorFlowOps(build_ext):
             rel = source.relative_to(OPS_DIR).with_suffix(".o")
             target = object_dir / str(rel).replace(os.sep, "__")
             if is_cuda:
-                command = [nvcc, "-std=c++17", "-x", "cu", "-c", str(source), "-o", str(target),
-                           "-Xcompiler", "-fPIC", "-O3", "-I" + str(OPS_DIR),
-                           "-DGOOGLE_CUDA=1", "--expt-relaxed-constexpr"] + compile_flags
+                command = [toolkit["nvcc"], "-std=c++17", "-x", "cu", "-c", str(source),
+                           "-o", str(target), "-Xcompiler", "-fPIC", "-O3", "-I" + str(OPS_DIR),
+                           "-I" + toolkit["include"], "-DGOOGLE_CUDA=1",
+                           "--expt-relaxed-constexpr"] + compile_flags
             else:
                 command = [cxx, "-c", str(source), "-o", str(target)] + common
-                if build_cuda:
-                    command.append("-DGOOGLE_CUDA=1")
             stale = _newer(source, target) or newest_header > target.stat().st_mtime
             jobs.append((source, target, command, stale))
 
@@ -112,11 +204,14 @@ class BuildTensorFlowOps(build_ext):
         objects = [str(target) for _, target, _, _ in jobs]
         link = [cxx, "-shared", "-o", str(output)] + objects + link_flags
         if build_cuda:
-            cuda_lib = Path(nvcc).resolve().parent.parent / "lib64"
-            link += ["-L" + str(cuda_lib), "-lcudart"]
-        if any(_newer(Path(o), output) for o in objects) or not output.exists():
+            link += ["-L" + toolkit["lib"], "-lcudart"]
+        built = {"tensorflow_version": tf_version, "cuda": build_cuda}
+        # The library is one file whichever TensorFlow it was built for: relink
+        # when it was last linked for another version (or kind) of build.
+        if (not output.exists() or any(_newer(Path(o), output) for o in objects)
+                or _read_build_info(output.parent / BUILD_INFO) != built):
             subprocess.run(link, check=True)
-        info = json.dumps({"tensorflow_version": tf_version, "cuda": build_cuda}) + "\n"
+        info = json.dumps(built) + "\n"
         # With --inplace (and editable installs) setuptools builds under build/
         # and copies only the library into the package: write the build info
         # beside both.

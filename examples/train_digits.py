@@ -12,9 +12,14 @@ loss and accuracy, and the test accuracy at the end.
 """
 
 import argparse
+import importlib.util
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow >= 2.16: tf.keras must be Keras 2, the tf_keras package, for Horovod
+# (README, "The stack"); TensorFlow reads this when it is imported.
+if importlib.util.find_spec("tf_keras") is not None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # On CPU hosts, pool freed memory (as TensorFlow always does on GPUs): the
 # default CPU allocator takes every large buffer, such as a merged group,
 # afresh from the OS and page-faults it in again each step.

@@ -5,6 +5,7 @@ timeout, fails the test with all the output. Ranks print result lines as
 ``RESULT <json>``, which ``run()`` returns per rank.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -46,6 +47,8 @@ def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elas
     command = launcher + [sys.executable, str(path)] + [str(a) for a in args]
     full_env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
                     PYTHONUNBUFFERED="1")
+    if importlib.util.find_spec("tf_keras") is not None:  # TensorFlow >= 2.16: Keras 2
+        full_env.setdefault("TF_USE_LEGACY_KERAS", "1")
     full_env.update(env or {})
     # Its own process group: on a timeout the ranks (horovodrun's children,
     # and an elastic job's later ones) end with it instead of running on.

@@ -18,12 +18,11 @@ tf_mergecomp/search_driver.py. If ``fit`` ends before the search does, the
 fastest candidate measured so far is kept (and not saved).
 """
 
-import tensorflow as tf
-
+from tf_mergecomp._keras import keras
 from tf_mergecomp.search_driver import KerasTrainFunctions, PartitionSearchDriver
 
 
-class MergeCompCallback(tf.keras.callbacks.Callback):
+class MergeCompCallback(keras.callbacks.Callback):
     """Searches the fastest partition for ``compression`` while the model trains.
 
     Args:

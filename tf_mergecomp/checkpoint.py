@@ -31,6 +31,7 @@ Restore before the first training step, as Horovod's examples do; a
 import tensorflow as tf
 
 from tf_mergecomp import rank_state
+from tf_mergecomp._keras import keras
 from tf_mergecomp.rank_state import rank_state_path
 
 __all__ = ["MergeCompModelCheckpoint", "load_model", "rank_state_path", "restore",
@@ -124,7 +125,7 @@ def load_model(filepath, compression, **kwargs):
     return model
 
 
-class MergeCompModelCheckpoint(tf.keras.callbacks.ModelCheckpoint):
+class MergeCompModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras ``ModelCheckpoint`` for Horovod with MergeComp: use it on EVERY rank.
 
     Rank 0 saves the model exactly as ``tf.keras.callbacks.ModelCheckpoint`` with

@@ -83,14 +83,21 @@ def install():
 
 
 def _wrap_keras_optimizer_factories():
-    import horovod.tensorflow.keras as hvd_keras
+    from tf_mergecomp import _keras
 
-    modules = [hvd_keras]
-    try:
-        import horovod.keras as hvd_standalone_keras  # present only with standalone Keras
-        modules.append(hvd_standalone_keras)
-    except ImportError:
-        pass
+    modules = []
+    # Only Horovod's wrappers of a Keras 2 (horovod.tensorflow.keras wraps tf.keras,
+    # horovod.keras the keras package): never load a Keras 3 for them.
+    if _keras.tf_keras_is_keras2():
+        import horovod.tensorflow.keras as hvd_keras
+        modules.append(hvd_keras)
+        _keras.fix_horovod_keras_backend()
+    if _keras.keras_package_is_keras2():
+        try:
+            import horovod.keras as hvd_standalone_keras  # present only with standalone Keras
+            modules.append(hvd_standalone_keras)
+        except ImportError:
+            pass
     for module in modules:
         factory = module.DistributedOptimizer
         if hasattr(factory, _INSTALLED_MARK):

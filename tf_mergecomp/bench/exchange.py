@@ -28,11 +28,11 @@ printed next to the ratios it qualifies.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
 
+from tf_mergecomp import _keras
 from tf_mergecomp.bench import report
 
 # (key, MergeComp partitions, fewest tensors it needs, table heading)
@@ -86,15 +86,14 @@ def gradient_shapes(gradient_set):
         return [[size] for size in equal_split_sizes(total_elements, gradient_set["count"])]
     import gc
 
-    import tensorflow as tf
-
+    from tf_mergecomp._keras import keras
     from tf_mergecomp.bench import models
 
     model = models.build_model(gradient_set["model"])
     shapes = [v.shape.as_list() for v in model.trainable_variables]
     # Only the shapes are needed: free the weights before the timing starts.
     del model
-    tf.keras.backend.clear_session()
+    keras.backend.clear_session()
     gc.collect()
     return shapes
 
@@ -212,8 +211,8 @@ def run(sets, algorithms, rounds=7, cpu_allocator="bfc", log=print):
     """{"rows": [...], ...}: one child process per (gradient set, algorithm), one at a time."""
     from tf_mergecomp.bench.cluster import cpu_allocator_environment
 
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-                       **cpu_allocator_environment(cpu_allocator))
+    environment = _keras.child_environ(TF_CPP_MIN_LOG_LEVEL="2",
+                                       **cpu_allocator_environment(cpu_allocator))
     rows = []
     for gradient_set in sets:
         for algorithm in algorithms:

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+from tf_mergecomp import _keras
+
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -65,7 +67,7 @@ class RendezvousServer:
 
 
 def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None):
-    env = dict(os.environ, **(extra_env or {}))
+    env = _keras.child_environ(**(extra_env or {}))
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_address,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),

@@ -11,6 +11,8 @@
 import numpy as np
 import tensorflow as tf
 
+from tf_mergecomp._keras import keras
+
 MODELS = ("resnet50", "vgg16", "transformer")
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)
@@ -25,27 +27,27 @@ def check_model(name):
 
 
 def _transformer(layers=4, width=64, heads=4, hidden_width=128):
-    tokens = tf.keras.Input((SEQUENCE_LENGTH,), dtype=tf.int32)
-    x = tf.keras.layers.Embedding(VOCABULARY, width)(tokens)
-    positions = tf.keras.layers.Embedding(SEQUENCE_LENGTH, width)(tf.range(SEQUENCE_LENGTH))
+    tokens = keras.Input((SEQUENCE_LENGTH,), dtype=tf.int32)
+    x = keras.layers.Embedding(VOCABULARY, width)(tokens)
+    positions = keras.layers.Embedding(SEQUENCE_LENGTH, width)(tf.range(SEQUENCE_LENGTH))
     x = x + positions
     for _ in range(layers):
-        attended = tf.keras.layers.MultiHeadAttention(heads, width // heads)(x, x)
-        x = tf.keras.layers.LayerNormalization()(x + attended)
-        hidden = tf.keras.layers.Dense(hidden_width, activation="relu")(x)
-        x = tf.keras.layers.LayerNormalization()(x + tf.keras.layers.Dense(width)(hidden))
-    x = tf.keras.layers.GlobalAveragePooling1D()(x)
-    return tf.keras.Model(tokens, tf.keras.layers.Dense(NUM_CLASSES)(x), name="transformer")
+        attended = keras.layers.MultiHeadAttention(heads, width // heads)(x, x)
+        x = keras.layers.LayerNormalization()(x + attended)
+        hidden = keras.layers.Dense(hidden_width, activation="relu")(x)
+        x = keras.layers.LayerNormalization()(x + keras.layers.Dense(width)(hidden))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(NUM_CLASSES)(x), name="transformer")
 
 
 def build_model(name):
     check_model(name)
     if name == "resnet50":
-        return tf.keras.applications.ResNet50(
+        return keras.applications.ResNet50(
             weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES, classifier_activation=None
         )
     if name == "vgg16":
-        return tf.keras.applications.VGG16(
+        return keras.applications.VGG16(
             weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES, classifier_activation=None
         )
     return _transformer()

@@ -26,6 +26,8 @@ import sys
 import time
 import traceback
 
+from tf_mergecomp import _keras
+
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGN_CODECS = ("signsgd", "signum")
 LEARNING_RATE = 0.05
@@ -64,15 +66,16 @@ def _main_job():
 
 
 def _train_one(config, spec, data, main_job, hvd, hvd_tf, tf):
+    from tf_mergecomp._keras import keras
     from tf_mergecomp.bench.worker import build_compression
 
     (x_train, y_train), (x_test, y_test) = data
-    tf.keras.utils.set_random_seed(SEED)
+    keras.utils.set_random_seed(SEED)
     model = main_job.build_model()
     compression, search_callback_class, note = build_compression(config)
     rate = learning_rate(config.get("algorithm")) * hvd.size()
-    optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(rate), compression=compression)
-    model.compile(optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(rate), compression=compression)
+    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     hvd_tf.broadcast_variables(model.variables, root_rank=0)
     callbacks = []
@@ -186,8 +189,9 @@ def run(args):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [horovodrun, "-np", str(args.num_proc), "--gloo", sys.executable, "-m",
                "tf_mergecomp.bench.parity", "--worker", os.path.abspath(spec_path)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+    env = _keras.child_environ(
+        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     log_path = os.path.join(args.out, "horovodrun.log")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,

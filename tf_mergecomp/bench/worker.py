@@ -69,9 +69,9 @@ def _configure_threads():
 
 
 def _make_step_timer():
-    import tensorflow as tf
+    from tf_mergecomp._keras import keras
 
-    class StepTimer(tf.keras.callbacks.Callback):
+    class StepTimer(keras.callbacks.Callback):
         """Wall and CPU clock at the start of training and the end of every batch.
 
         It never stops training at the deadline: one rank leaving ``fit``
@@ -164,6 +164,8 @@ def _new_result(config):
 
 def _build_slot(slot, weights, gradients, spec, hvd, tf):
     """The local part of a config's setup: no collectives run here."""
+    from tf_mergecomp._keras import keras
+
     import tf_mergecomp.bench.models as models
 
     compression, slot.search_callback_class, slot.result["note"] = build_compression(slot.config)
@@ -172,11 +174,11 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf):
     slot.model = models.build_model(spec["model"])
     slot.model.set_weights(weights)
     optimizer = hvd.DistributedOptimizer(
-        tf.keras.optimizers.SGD(learning_rate=spec.get("learning_rate", 0.001)), compression=compression
+        keras.optimizers.SGD(learning_rate=spec.get("learning_rate", 0.001)), compression=compression
     )
     slot.model.compile(
         optimizer=optimizer,
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     slot.exchange = _make_exchange(compression, gradients, tf)
 
@@ -205,9 +207,9 @@ def _warm_up_slot(slot, dataset, spec):
 
 
 def _make_stop_when_done(callback):
-    import tensorflow as tf
+    from tf_mergecomp._keras import keras
 
-    class StopWhenSearchDone(tf.keras.callbacks.Callback):
+    class StopWhenSearchDone(keras.callbacks.Callback):
         """Ends the fit at the step the search concludes: every rank concludes
         at the same step (its decisions are averaged over the ranks)."""
 
@@ -329,9 +331,11 @@ def _local_compute_time(model, dataset, spec, tf):
     The first steps after tracing run slower (allocator and kernel caches
     warming up), so three are discarded.
     """
+    from tf_mergecomp._keras import keras
+
     model.compile(
-        optimizer=tf.keras.optimizers.SGD(learning_rate=0.0),
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        optimizer=keras.optimizers.SGD(learning_rate=0.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     times, _ = _train_timed(model, dataset, 3 + spec["compute_steps"])
     times = sorted(times[3:])
@@ -445,10 +449,11 @@ def main(argv=None):
     import tensorflow as tf
 
     import tf_mergecomp.bench.models as models
+    from tf_mergecomp._keras import keras
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    tf.keras.utils.set_random_seed(1234)
+    keras.utils.set_random_seed(1234)
     reference = models.build_model(spec["model"])
     dataset = models.synthetic_dataset(spec["model"], spec["batch_size"], seed=rank)
     # One broadcast so every rank starts from the same weights, as in training.
