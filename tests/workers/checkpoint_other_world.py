@@ -7,7 +7,6 @@ Reports, for the stock checkpoint (load_weights alone) and for MergeComp's
 state each rank holds once traced (its absolute sum) and the step.
 """
 
-import logging
 import os
 import sys
 
@@ -16,7 +15,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import small_classifier
+from tests.workers.common import capture_warnings, small_classifier
 from tf_mergecomp import MergeComp, checkpoint
 
 hvd.init()
@@ -24,17 +23,7 @@ directory, compressor = sys.argv[1], sys.argv[2]
 prefix = os.path.join(directory, compressor)
 
 
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-warnings = Warnings()
-logging.getLogger("tf_mergecomp").addHandler(warnings)
+warnings = capture_warnings()
 
 
 def restored(path, with_rank_state):

@@ -17,7 +17,6 @@ largest weight difference from the uninterrupted run for:
 Each also reports the warnings MergeComp logged and its last reconcile outcome.
 """
 
-import logging
 import os
 import sys
 
@@ -27,7 +26,7 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier
+from tests.workers.common import capture_warnings, classification_data, small_classifier
 import tf_mergecomp
 from tf_mergecomp import MergeComp, checkpoint
 
@@ -38,17 +37,7 @@ x, y = classification_data(hvd.rank(), n=96)   # 3 steps of 32 per epoch
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-warnings = Warnings()
-logging.getLogger("tf_mergecomp").addHandler(warnings)
+warnings = capture_warnings()
 
 
 def build(compressor):

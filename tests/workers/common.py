@@ -1,5 +1,6 @@
 """Shared pieces of the multi-worker test scripts: a quiet, one-thread TF and small models."""
 
+import logging
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -35,3 +36,19 @@ def weights_checksum(model):
     statistics, computed from each rank's own data, need not)."""
     return float(sum(np.float64(w.numpy()).sum() * (i + 1)
                      for i, w in enumerate(model.trainable_variables)))
+
+
+class _WarningRecorder(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def capture_warnings():
+    """Records tf_mergecomp's warnings: ``capture_warnings().messages``."""
+    recorder = _WarningRecorder()
+    logging.getLogger("tf_mergecomp").addHandler(recorder)
+    return recorder

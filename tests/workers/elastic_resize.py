@@ -13,7 +13,6 @@ step traced in the first world (and not rebuilt) is run again at the end: it
 reports the error it raises.
 """
 
-import logging
 import sys
 import time
 
@@ -23,7 +22,7 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier, weights_checksum
+from tests.workers.common import capture_warnings, classification_data, small_classifier, weights_checksum
 from tf_mergecomp import MergeComp
 
 hvd.init()
@@ -31,17 +30,7 @@ hosts_file, target, compressor = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 CHANGE_EPOCH, AFTER, MAX_EPOCHS = 3, 2, 40
 
 
-class Warnings(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-warnings = Warnings()
-logging.getLogger("tf_mergecomp").addHandler(warnings)
+warnings = capture_warnings()
 
 model = small_classifier()
 mc = MergeComp(compressor, partitions=2, **({"ratio": 0.2} if compressor == "dgc" else {}))
