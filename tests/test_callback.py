@@ -83,8 +83,7 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     # The third fit's search replaced the file with its own result.
     assert saved["partition"] == third["splits"]
     assert [c["splits"] for c in saved["search"]["candidates"]] == [
-        c[0] for c in third["candidates"]] or len(saved["search"]["candidates"]) == len(
-        third["candidates"])
+        c[0] for c in third["candidates"]]
     assert (tmp_path / "partition.png").stat().st_size > 10_000
     search_lines = [line for line in output.splitlines() if "MergeComp search: " in line]
     assert search_lines and all(line.startswith("[0]") for line in search_lines)  # rank 0 logs

@@ -21,7 +21,7 @@ from tf_mergecomp import search as search_module
 from tf_mergecomp.grouping import layerwise_splits
 from tf_mergecomp.search import (PartitionSearchAlgorithm, Probe, Profile, ProfileResult, Time,
                                  best_layouts, run_search)
-from tf_mergecomp.step_model import LinearGroupCosts, StepTimeModel, exhaustive_best
+from tf_mergecomp.step_model import StepTimeModel, exhaustive_best
 
 STEPS_PER_ROUND = 3  # a confirm round's time is the median of this many noisy steps
 
@@ -253,7 +253,7 @@ def test_probe_answers_must_match_the_layouts():
     sizes, profile, probe = flat_system(10)
     algorithm = PartitionSearchAlgorithm(sizes, max_groups=2)
     algorithm.start()
-    request = algorithm.answer(profile(()))
+    algorithm.answer(profile(()))  # asks for probes
     with pytest.raises(ValueError, match="one array per layout"):
         algorithm.answer([])
 

@@ -142,9 +142,9 @@ class MergeComp(tf.Module):
         self._rank_state = rank_state.Tracker()
         self._agreed_description = None
         # The partition search's step recorder (tf_mergecomp/step_recorder.py),
-        # set only while it traces a profiled step: it sees each group's inputs,
-        # collectives and outputs. None otherwise, and the step has only the
-        # engine's own ops.
+        # set only while it traces the step it profiles or an exchange probe: it
+        # sees each group's inputs, collectives and outputs. None otherwise, and
+        # the step has only the engine's own ops.
         self.step_recorder = None
 
     # ---- partition ---------------------------------------------------------------

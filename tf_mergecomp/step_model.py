@@ -391,22 +391,54 @@ def layouts_with_groups(n, groups, cut_positions=None):
 
 def exhaustive_best(model, groups, chunk=200_000):
     """(layout, seconds): the model's fastest layout of exactly ``groups`` groups, by
-    evaluating every one (C(N - 1, groups - 1) layouts)."""
+    evaluating every one (C(N - 1, groups - 1) layouts, about a microsecond each)."""
     n = model.num_tensors
     if groups == 1:
         return (), model.step_time(())
     if groups > n:
         return None, _INF
     best, best_seconds = None, _INF
-    combos = itertools.combinations(range(1, n), groups - 1)
-    while True:
-        block = np.fromiter(itertools.chain.from_iterable(itertools.islice(combos, chunk)),
-                            dtype=np.int64)
-        if block.size == 0:
-            break
-        block = block.reshape(-1, groups - 1)
+    for block in _all_layouts(n, groups - 1, chunk):
         times = model.step_times(block)
         index = int(np.argmin(times))
         if times[index] < best_seconds:
             best, best_seconds = tuple(int(c) for c in block[index]), float(times[index])
     return best, best_seconds
+
+
+def _all_layouts(n, cuts, chunk):
+    """Every sorted ``cuts``-tuple of cut positions in (0, n), as [count, cuts]
+    arrays of about ``chunk`` rows: the last two cuts from numpy's pair indices,
+    the ones before them from a Python loop."""
+    if cuts == 1:
+        positions = np.arange(1, n, dtype=np.int64).reshape(-1, 1)
+        for start in range(0, len(positions), chunk):
+            yield positions[start:start + chunk]
+        return
+    pending, size = [], 0
+
+    def prefixes(first, depth):
+        # Sorted prefixes of ``depth`` cuts starting after ``first``.
+        if depth == 0:
+            yield ()
+            return
+        for cut in range(first + 1, n - depth - 1):
+            for rest in prefixes(cut, depth - 1):
+                yield (cut,) + rest
+
+    for prefix in prefixes(0, cuts - 2):
+        low = prefix[-1] + 1 if prefix else 1
+        m = n - low  # positions low .. n - 1
+        if m < 2:
+            continue
+        i, j = np.triu_indices(m, 1)
+        pairs = np.stack([i + low, j + low], axis=1).astype(np.int64)
+        block = np.concatenate([np.tile(np.asarray(prefix, np.int64), (len(pairs), 1)), pairs],
+                               axis=1) if prefix else pairs
+        pending.append(block)
+        size += len(block)
+        if size >= chunk:
+            yield np.concatenate(pending)
+            pending, size = [], 0
+    if pending:
+        yield np.concatenate(pending)
