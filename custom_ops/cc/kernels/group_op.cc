@@ -9,6 +9,7 @@
 #include <map>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/finite.h"
 #include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
@@ -309,37 +310,6 @@ class TensorListOutput : public BlockOutput {
 // NaN and reports it, so all workers see the same non-finite gradients (a
 // loss-scale optimizer then skips the step on every worker) and nothing
 // non-finite reaches a residual or a momentum.
-
-// The exponent bits of a float type: all set means inf or NaN.
-template <typename T> struct ExponentBits;
-template <> struct ExponentBits<Eigen::half> {
-  using Bits = uint16_t;
-  static constexpr Bits kMask = 0x7c00;
-};
-template <> struct ExponentBits<Eigen::bfloat16> {
-  using Bits = uint16_t;
-  static constexpr Bits kMask = 0x7f80;
-};
-template <> struct ExponentBits<float> {
-  using Bits = uint32_t;
-  static constexpr Bits kMask = 0x7f800000u;
-};
-template <> struct ExponentBits<double> {
-  using Bits = uint64_t;
-  static constexpr Bits kMask = 0x7ff0000000000000ull;
-};
-
-// False when values[begin, end) holds an inf or a NaN. A max over the masked
-// exponents (it reaches the mask only there) vectorises, unlike std::isfinite.
-template <typename T>
-bool AllFinite(const T* values, int64_t begin, int64_t end) {
-  using Bits = typename ExponentBits<T>::Bits;
-  constexpr Bits kMask = ExponentBits<T>::kMask;
-  const auto* bits = reinterpret_cast<const Bits*>(values);
-  Bits largest = 0;
-  for (int64_t j = begin; j < end; ++j) largest = std::max<Bits>(largest, bits[j] & kMask);
-  return largest != kMask;
-}
 
 // 1 for each tensor of the group holding an inf or a NaN, else 0.
 std::vector<uint8_t> NonFiniteTensors(OpKernelContext* context, const GroupLayout& layout,

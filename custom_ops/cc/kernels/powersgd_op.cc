@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/finite.h"
 #include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -125,13 +126,6 @@ void Orthonormalize(float* p, int64_t rows, int64_t rank) {
     const float scale = norm > kPowersgdMinNorm ? static_cast<float>(1.0 / norm) : 0.0f;
     for (int64_t i = 0; i < rows; ++i) p[i * rank + j] *= scale;
   }
-}
-
-bool AllFiniteFloats(const float* values, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    if (!std::isfinite(values[j])) return false;
-  }
-  return true;
 }
 
 // Locks the group's state variables (powersgd_op.h's layout); the engine
@@ -349,8 +343,8 @@ class PowersgdGroupFinishOp : public OpKernel {
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       const PowersgdTensor& t = layout.tensor(i);
       const int64_t p_size = t.low_rank ? t.rows * t.rank : shapes_[i].num_elements();
-      const bool finite = AllFiniteFloats(p + t.p_offset, p_size) &&
-                          (!t.low_rank || AllFiniteFloats(q_mean + t.q_offset, t.cols * t.rank));
+      const bool finite = AllFinite(p + t.p_offset, 0, p_size) &&
+                          (!t.low_rank || AllFinite(q_mean + t.q_offset, 0, t.cols * t.rank));
       nonfinite(i) = finite ? 0 : 1;
     }
 
