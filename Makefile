@@ -6,7 +6,7 @@
 #   make build        rebuild the custom-op library after editing custom_ops/
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
 #
-# Another TensorFlow release (README, "The stack"): add TF_VERSION=2.16 ... 2.19
+# Another TensorFlow release (README, "The stack"): add TF_VERSION=2.16, 2.17 or 2.18
 # (a minor release, or a full version such as 2.18.0) to any target. It gets its
 # own venv, .venv-tf<version>, and Keras 2 from tf_keras; the default
 # (TensorFlow 2.15.1) lives in .venv.
@@ -24,10 +24,14 @@ TF_RELEASE_2.15 := 2.15.1
 TF_RELEASE_2.16 := 2.16.2
 TF_RELEASE_2.17 := 2.17.1
 TF_RELEASE_2.18 := 2.18.1
-TF_RELEASE_2.19 := 2.19.1
+# Horovod 0.28.1 does not build against 2.19 and later (README, "Why 2.18 is the newest").
+SUPPORTED_TF_MINOR_VERSIONS := 2.15 2.16 2.17 2.18
 TF_FULL_VERSION := $(or $(TF_RELEASE_$(TF_VERSION)),$(TF_VERSION))
 TF_MINOR_VERSION := $(word 1,$(subst ., ,$(TF_FULL_VERSION))).$(word 2,$(subst ., ,$(TF_FULL_VERSION)))
 TF_PACKAGE ?= tensorflow-cpu==$(TF_FULL_VERSION)
+ifeq ($(filter $(TF_MINOR_VERSION),$(SUPPORTED_TF_MINOR_VERSIONS)),)
+$(warning TensorFlow $(TF_FULL_VERSION) is outside the supported $(firstword $(SUPPORTED_TF_MINOR_VERSIONS)) to $(lastword $(SUPPORTED_TF_MINOR_VERSIONS)); trying anyway)
+endif
 # TensorFlow >= 2.16 ships Keras 3 as tf.keras; Horovod needs Keras 2, which
 # comes from tf_keras (same minor version) with TF_USE_LEGACY_KERAS=1.
 KERAS_PACKAGE := $(if $(filter 2.12 2.13 2.14 2.15,$(TF_MINOR_VERSION)),,tf-keras~=$(TF_MINOR_VERSION).0)
