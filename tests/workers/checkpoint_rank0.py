@@ -26,7 +26,8 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import capture_warnings, classification_data, small_classifier
+from tests.workers.common import (capture_warnings, classification_data, small_classifier,
+                                   tape_train_step)
 import tf_mergecomp
 from tf_mergecomp import MergeComp, checkpoint
 
@@ -134,13 +135,7 @@ for compressor in compressors:
         if restore_from:
             checkpoint.restore(ckpt, restore_from, mc)
 
-        @tf.function
-        def train_step(xb, yb):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            tape = hvd_tf.DistributedGradientTape(tape, compression=mc)
-            grads = tape.gradient(loss, model.trainable_variables)
-            sgd.apply_gradients(zip(grads, model.trainable_variables))
+        train_step = tf.function(tape_train_step(model, sgd, loss_fn, mc))
 
         for step in steps:
             i = (step * 32) % len(x)

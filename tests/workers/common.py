@@ -52,3 +52,19 @@ def capture_warnings():
     recorder = _WarningRecorder()
     logging.getLogger("tf_mergecomp").addHandler(recorder)
     return recorder
+
+
+def tape_train_step(model, optimizer, loss_fn, compression):
+    """One training step through Horovod's DistributedGradientTape with ``compression``
+    (not traced: wrap it in tf.function, or in a search driver's ``function``)."""
+    import horovod.tensorflow as hvd
+
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(features, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return train_step

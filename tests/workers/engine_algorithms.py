@@ -8,11 +8,11 @@ weights checksum, the losses, and the collectives executed vs expected.
 import sys
 
 import tensorflow as tf
-import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier, weights_checksum
+from tests.workers.common import (classification_data, small_classifier, tape_train_step,
+                                   weights_checksum)
 from tf_mergecomp import MergeComp, compressors
 
 hvd.init()
@@ -30,14 +30,7 @@ for name in algorithms:
     mc = MergeComp(name, partitions=3, **PARAMS.get(name, {}))
     sgd = tf.keras.optimizers.SGD(lr)
 
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd_tf.DistributedGradientTape(tape, compression=mc)
-        grads = tape.gradient(loss, model.trainable_variables)
-        sgd.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    train_step = tf.function(tape_train_step(model, sgd, loss_fn, mc))
 
     losses = []
     steps = 30

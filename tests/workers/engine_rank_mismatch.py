@@ -12,12 +12,12 @@ argv[1]:
 import sys
 
 import tensorflow as tf
-import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 import tf_mergecomp
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier, weights_checksum
+from tests.workers.common import (classification_data, small_classifier, tape_train_step,
+                                   weights_checksum)
 from tf_mergecomp import MergeComp
 
 hvd.init()
@@ -38,15 +38,12 @@ else:
     optimizer = tf.keras.optimizers.SGD(0.1)
     traces = []
 
+    step = tape_train_step(model, optimizer, loss, compression)
+
     @tf.function
     def train_step(features, labels):
         traces.append(features.shape[0])
-        with tf.GradientTape() as tape:
-            value = loss(labels, model(features, training=True))
-        tape = hvd_tf.DistributedGradientTape(tape, compression=compression)
-        gradients = tape.gradient(value, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return value
+        return step(features, labels)
 
     sizes = [16, 16, 16, 16 if hvd.rank() == 0 else 12]
     start = 0

@@ -22,7 +22,7 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, weights_checksum
+from tests.workers.common import classification_data, tape_train_step, weights_checksum
 from tf_mergecomp import MergeComp, MergeCompCallback
 from tf_mergecomp.compressors.base import ALLREDUCE, Compressor
 from tf_mergecomp.search_driver import PartitionSearchDriver
@@ -88,15 +88,7 @@ def train_tape():
     sgd = tf.keras.optimizers.SGD(0.05)
     search = PartitionSearchDriver(mc, verbose=1, log_dir=sys.argv[3], **SEARCH)
 
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd_tf.DistributedGradientTape(tape, compression=mc)
-        grads = tape.gradient(loss, model.trainable_variables)
-        sgd.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    step = search.function(train_step)
+    step = search.function(tape_train_step(model, sgd, loss_fn, mc))
     losses = []
     for epoch in range(EPOCHS):
         epoch_losses = []

@@ -13,7 +13,8 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier, weights_checksum
+from tests.workers.common import (classification_data, small_classifier, tape_train_step,
+                                   weights_checksum)
 from tf_mergecomp import MergeComp
 
 hvd.init()
@@ -76,15 +77,7 @@ mc = MergeComp("randomk", ratio=0.2, partitions=2)
 mc.step.assign(3 * hvd.rank())
 sgd = tf.keras.optimizers.SGD(0.05)
 
-
-@tf.function
-def train_step(xb, yb):
-    with tf.GradientTape() as tape:
-        loss = loss_fn(yb, model(xb, training=True))
-    tape = hvd_tf.DistributedGradientTape(tape, compression=mc)
-    grads = tape.gradient(loss, model.trainable_variables)
-    sgd.apply_gradients(zip(grads, model.trainable_variables))
-
+train_step = tf.function(tape_train_step(model, sgd, loss_fn, mc))
 
 for start in (0, 32, 0, 32):
     train_step(x[start:start + 32], y[start:start + 32])
