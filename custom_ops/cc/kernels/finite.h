@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "third_party/eigen3/Eigen/Core"
+#include "Eigen/Core"
 
 namespace tf_mergecomp {
 
