@@ -122,17 +122,6 @@ def rounds_plan(args):
     return rounds, max(1, math.ceil(args.steps / rounds))
 
 
-def algorithm_available(name):
-    """(bool, reason): whether the compressor's module imports."""
-    from tf_mergecomp import compressors
-
-    try:
-        compressors.compressor_class(name)
-    except (ImportError, AttributeError) as error:
-        return False, "%s: %s" % (type(error).__name__, error)
-    return True, ""
-
-
 def _time_budget_s(num_configs, args, model, compute_steps):
     # Generous: starting TensorFlow and Horovod takes tens of seconds, tracing a
     # Keras model with per-tensor compression as much again on a contended
@@ -559,14 +548,7 @@ def run(args):
     notes = []
     if removed:
         notes.append("removed stale namespaces/links of dead runs: %s" % ", ".join(removed))
-    algorithms = []
-    for algorithm in args.algorithms:
-        available, why = algorithm_available(algorithm)
-        if available:
-            algorithms.append(algorithm)
-        else:
-            notes.append("skipped %s: its compressor module is not there yet (%s)" % (algorithm, why))
-    batches = plan_batches(algorithms)
+    batches = plan_batches(args.algorithms)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "cpu_allocator": args.cpu_allocator,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
@@ -618,10 +600,7 @@ def _write(summary, out_dir):
     text = tables(summary)
     with open(os.path.join(out_dir, "cluster.md"), "w") as f:
         f.write(text + "\n")
-    try:
-        chart(summary, os.path.join(out_dir, "cluster.png"))
-    except ImportError as error:
-        summary["notes"].append("no chart: %s" % error)
+    chart(summary, os.path.join(out_dir, "cluster.png"))
     return text
 
 
