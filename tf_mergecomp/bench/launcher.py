@@ -285,6 +285,9 @@ def main(argv=None):
                 with open(path) as f:
                     sys.stdout.write(f.read())
             sys.stdout.flush()
+    except (KeyboardInterrupt, netns.Terminated) as interrupt:
+        print("[launcher] interrupted (%s); ending the job" % (interrupt or "Ctrl-C"), flush=True)
+        code = 130
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         left = leftovers(cluster)
