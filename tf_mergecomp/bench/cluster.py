@@ -166,7 +166,8 @@ def batch_spec(model, configs, args, result_path, compute_steps):
 
 
 def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
-    """One batch in a fresh set of rank processes; returns its record (``ranks``: their outputs).
+    """One batch in a fresh set of rank processes, started by ``launch`` (from
+    ``launcher.open_launcher``); returns its record (``ranks``: their outputs).
 
     The local compute step is measured in the first batch only (the same for all).
     """
