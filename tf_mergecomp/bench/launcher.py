@@ -291,9 +291,9 @@ def main(argv=None):
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         left = leftovers(cluster)
-        print("[launcher] removed the cluster %s (namespaces, links, shaping, ssh servers and "
-              "keys)%s" % (cluster.prefix, "; left over: %s" % ", ".join(left) if left else
-                           ": nothing left over"), flush=True)
+        print("[launcher] removed the cluster %s (namespaces, links, shaping%s)%s" % (
+            cluster.prefix, ", ssh servers and keys" if args.launcher == "horovodrun" else "",
+            "; left over: %s" % ", ".join(left) if left else ": nothing left over"), flush=True)
     return code
 
 
