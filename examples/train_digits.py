@@ -8,12 +8,16 @@ with one collective per group. During the first steps MergeCompCallback
 predicts the partitions' step times from a profiled step and probes of single
 groups, times the best few against one group and layer-wise, and keeps the
 fastest. Rank 0 prints per-epoch
-loss and accuracy, and the test accuracy at the end.
+loss and accuracy, and the test accuracy at the end; then every rank prints the
+host it ran on and a checksum of its final weights, and rank 0 whether they
+are identical on all ranks (they are: every rank applies the same averaged
+update).
 """
 
 import argparse
 import importlib.util
 import os
+import socket
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TensorFlow >= 2.16: tf.keras must be Keras 2, the tf_keras package, for Horovod
@@ -66,6 +70,15 @@ def build_model():
     ])
 
 
+def host_text():
+    """This host's name and the address it resolves to (a cluster node's own address)."""
+    name = socket.gethostname()
+    try:
+        return "%s (%s)" % (name, socket.gethostbyname(name))
+    except OSError:
+        return name
+
+
 def main():
     args = parse_args()
     hvd.init()
@@ -96,6 +109,13 @@ def main():
     if hvd.rank() == 0:
         print("test loss %.4f, test accuracy %.4f, partition %s (%d groups)"
               % (loss, accuracy, list(compression.splits), compression.num_groups), flush=True)
+    checksum = sum(float(np.abs(w.astype(np.float64)).sum()) for w in model.get_weights())
+    checksums = hvd.allgather(np.array([checksum]), name="weights_checksum")
+    print("rank %d of %d on %s: trained on %d images, weights checksum %.12g"
+          % (hvd.rank(), hvd.size(), host_text(), len(x_train), checksum), flush=True)
+    if hvd.rank() == 0:
+        print("weights identical on all %d ranks: %s"
+              % (hvd.size(), "yes" if np.all(checksums == checksums[0]) else "NO"), flush=True)
 
 
 if __name__ == "__main__":

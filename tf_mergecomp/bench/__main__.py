@@ -115,6 +115,10 @@ def build_parser():
     clus.add_argument("--cpu-allocator", choices=cluster.CPU_ALLOCATORS, default="bfc",
                       help="TensorFlow's CPU allocator in the ranks (default bfc: pooled; "
                            "'default' maps large buffers afresh)")
+    clus.add_argument("--launcher", choices=cluster.LAUNCHERS, default="direct",
+                      help="direct: the benchmark starts each rank in its namespace (default); "
+                           "horovodrun: an ssh server per namespace and the real "
+                           "'horovodrun -H ns0:1,ns1:1,...' over ssh (needs openssh-server)")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")

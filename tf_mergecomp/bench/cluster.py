@@ -2,8 +2,11 @@
 
 For every model: a 1-worker run (Horovod fp32; the scaling baseline), then for
 every worker count W a run of all configs on W namespaces joined by
-tc-shaped links (``netns.VirtualCluster``), ranks started by
-``launcher.run_ranks``.
+tc-shaped links (``netns.VirtualCluster``), ranks started by the launcher
+``--launcher`` names (``launcher.py``): "direct" (the default) starts each
+rank in its namespace with Horovod's Gloo environment; "horovodrun" starts an
+ssh server in every namespace and the real ``horovodrun -H ns0:1,ns1:1,...``
+over ssh, as on a cluster.
 
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
@@ -44,9 +47,10 @@ import math
 import os
 import time
 
-from tf_mergecomp.bench import launcher, models, netns, report
+from tf_mergecomp.bench import launcher, models, netns, report, sshd
 
 PARTITION_MODES = ("layerwise", "one", "searched")
+LAUNCHERS = launcher.LAUNCHERS
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
@@ -122,17 +126,6 @@ def rounds_plan(args):
     return rounds, max(1, math.ceil(args.steps / rounds))
 
 
-def algorithm_available(name):
-    """(bool, reason): whether the compressor's module imports."""
-    from tf_mergecomp import compressors
-
-    try:
-        compressors.compressor_class(name)
-    except (ImportError, AttributeError) as error:
-        return False, "%s: %s" % (type(error).__name__, error)
-    return True, ""
-
-
 def _time_budget_s(num_configs, args, model, compute_steps):
     # Generous: starting TensorFlow and Horovod takes tens of seconds, tracing a
     # Keras model with per-tensor compression as much again on a contended
@@ -172,8 +165,9 @@ def batch_spec(model, configs, args, result_path, compute_steps):
     }
 
 
-def run_batch(cluster, model, batch_index, configs, args, run_dir):
-    """One batch in a fresh set of rank processes; returns its record (``ranks``: their outputs).
+def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
+    """One batch in a fresh set of rank processes, started by ``launch`` (from
+    ``launcher.open_launcher``); returns its record (``ranks``: their outputs).
 
     The local compute step is measured in the first batch only (the same for all).
     """
@@ -186,9 +180,9 @@ def run_batch(cluster, model, batch_index, configs, args, run_dir):
     error = None
     started = time.time()
     try:
-        launcher.run_ranks(cluster, ["-m", "tf_mergecomp.bench.worker", spec_path],
-                           os.path.join(run_dir, "logs"), spec["timeout_s"],
-                           log_prefix=name + "_rank", extra_env=rank_environment(args.cpu_allocator))
+        launch(["-m", "tf_mergecomp.bench.worker", spec_path], os.path.join(run_dir, "logs"),
+               spec["timeout_s"], log_prefix=name + "_rank",
+               extra_env=rank_environment(args.cpu_allocator))
     except launcher.RankFailure as failure:
         error = str(failure)
     outputs = []
@@ -209,11 +203,12 @@ def run_group(model, workers, batches, args, out_dir):
     started = time.time()
     load_before = os.getloadavg()[0]
     records = []
-    with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster:
+    with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster, \
+            launcher.open_launcher(args.launcher, cluster) as launch:
         for index, configs in enumerate(batches):
             print("[cluster]   batch %d/%d: %s" % (index + 1, len(batches),
                                                   ", ".join(c["label"] for c in configs)), flush=True)
-            records.append(run_batch(cluster, model, index, configs, args, run_dir))
+            records.append(run_batch(cluster, launch, model, index, configs, args, run_dir))
     return {"model": model, "workers": workers, "batch_size": args.batch_size,
             "wall_s": time.time() - started, "load_average": [load_before, os.getloadavg()[0]],
             "batches": records, "ranks": merge_batches(records, workers)}
@@ -446,8 +441,9 @@ def tables(summary):
         compute = group.get("compute_step_s") or []
         # Throughput of W ranks computing without communication, under this run's contention.
         local = (workers * summary.get("batch_size", 32) / report.median(compute)) if compute else None
-        parts.append("### %s, %d workers, %s links, %s CPU allocator\n" % (
-            model, workers, summary["bandwidth"], summary.get("cpu_allocator", "default")))
+        parts.append("### %s, %d workers, %s links, %s CPU allocator, %s launcher\n" % (
+            model, workers, summary["bandwidth"], summary.get("cpu_allocator", "default"),
+            summary.get("launcher", "direct")))
         parts.append("1-worker Horovod fp32: %s images/s (local compute step %s s; machine load "
                      "average %s). Per-rank local compute step in this run: %s s, so %s images/s "
                      "for %d ranks without communication (load average %s).\n" % (
@@ -553,22 +549,19 @@ def run(args):
     ok, reason = netns.available()
     if not ok:
         raise SystemExit("the cluster benchmark needs network namespaces: %s" % reason)
+    if args.launcher == "horovodrun":
+        ok, reason = sshd.available()
+        if not ok:
+            raise SystemExit("--launcher horovodrun needs an ssh server: %s" % reason)
     removed = netns.cleanup_stale()
     out_dir = args.out
     os.makedirs(out_dir, exist_ok=True)
     notes = []
     if removed:
         notes.append("removed stale namespaces/links of dead runs: %s" % ", ".join(removed))
-    algorithms = []
-    for algorithm in args.algorithms:
-        available, why = algorithm_available(algorithm)
-        if available:
-            algorithms.append(algorithm)
-        else:
-            notes.append("skipped %s: its compressor module is not there yet (%s)" % (algorithm, why))
-    batches = plan_batches(algorithms)
+    batches = plan_batches(args.algorithms)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
-               "cpu_allocator": args.cpu_allocator,
+               "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:
@@ -618,10 +611,7 @@ def _write(summary, out_dir):
     text = tables(summary)
     with open(os.path.join(out_dir, "cluster.md"), "w") as f:
         f.write(text + "\n")
-    try:
-        chart(summary, os.path.join(out_dir, "cluster.png"))
-    except ImportError as error:
-        summary["notes"].append("no chart: %s" % error)
+    chart(summary, os.path.join(out_dir, "cluster.png"))
     return text
 
 
@@ -632,4 +622,7 @@ def check_args(args):
         if workers < 2:
             raise ValueError("--workers are the multi-worker counts (>= 2); 1 worker always runs")
     netns.check_rate(args.bandwidth)
+    if args.launcher not in launcher.LAUNCHERS:
+        raise ValueError("--launcher must be one of %s, got %r" % (", ".join(launcher.LAUNCHERS),
+                                                                  args.launcher))
     return args

@@ -1,24 +1,52 @@
-"""Starts Horovod ranks inside a VirtualCluster's namespaces, without ssh.
+"""Starts Horovod ranks inside a VirtualCluster's namespaces: directly, or with horovodrun over ssh.
 
-What ``horovodrun --gloo`` does for one host, done per namespace: Horovod's
+``direct`` (the default): what ``horovodrun --gloo`` does for one host, done per namespace: Horovod's
 own rendezvous HTTP server, bound to the bridge address so that rendezvous
 traffic stays inside the virtual network, is told the slot plan (one slot per
 namespace, so every rank is its own "host": local size 1, cross size W), and
 each rank gets the Gloo environment ``horovod.runner.gloo_run`` would give it:
 HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_CONTROLLER/CPU_OPERATIONS=gloo,
 HOROVOD_GLOO_IFACE, HOROVOD_HOSTNAME and HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*.
+
+``horovodrun``: the real multi-host path. An ssh server runs in every
+namespace (``sshd.SshServers``), and the unmodified ``horovodrun -np W -H
+<ns0>:1,<ns1>:1,... --gloo`` starts the ranks as on a cluster: it checks ssh
+to every host, starts its task services on them over ssh to find the
+interface they share, starts the rendezvous server and launches each rank
+with ``ssh <host> 'cd <cwd>; env ... python ...'``. The hosts share this
+machine's filesystem, so the venv's python and the project are at the same
+paths, as on a cluster with a shared home. Its output (each line prefixed
+with ``[rank]<stdout>:``) goes to one log.
+
+    python -m tf_mergecomp.bench.launcher [--launcher horovodrun] [--workers 2]
+        [--bandwidth 1gbit] [--timeout 900] SCRIPT [ARGS...]
+
+runs ``python SCRIPT ARGS`` that way on a fresh virtual cluster (root), prints
+the launch command and the job's output, and removes everything it made.
 """
 
+import argparse
+import contextlib
+import functools
+import glob
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 from tf_mergecomp import _keras
+from tf_mergecomp.bench import netns, sshd
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAUNCHERS = ("direct", "horovodrun")
+# horovodrun's time for ssh checks, task services and the interface probe
+# (its default, 30 s, is short for a contended 2-core machine).
+HOROVODRUN_START_TIMEOUT_S = 120
 
 
 class RankFailure(RuntimeError):
@@ -66,15 +94,29 @@ class RendezvousServer:
         return False
 
 
-def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None):
+def job_environment(threads=1, extra_env=None):
+    """What every rank gets whichever the launcher: ``extra_env``, the project on
+    PYTHONPATH, unbuffered output, ``threads`` threads per rank."""
     env = _keras.child_environ(**(extra_env or {}))
+    env.update({
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "OMP_NUM_THREADS": str(threads),
+        "MERGECOMP_BENCH_TF_THREADS": str(threads),
+    })
+    return env
+
+
+def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None):
+    env = job_environment(threads, extra_env)
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_address,
         "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_GLOO_IFACE": iface,
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
         "HOROVOD_HOSTNAME": hostname,
         "HOROVOD_RANK": str(rank),
         "HOROVOD_SIZE": str(size),
@@ -82,11 +124,6 @@ def rank_environment(rank, size, hostname, iface, server_address, port, threads=
         "HOROVOD_LOCAL_SIZE": "1",
         "HOROVOD_CROSS_RANK": str(rank),
         "HOROVOD_CROSS_SIZE": str(size),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "OMP_NUM_THREADS": str(threads),
-        "MERGECOMP_BENCH_TF_THREADS": str(threads),
     })
     return env
 
@@ -146,9 +183,136 @@ def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank", extra_env=No
                 _kill(process)
 
 
+def horovodrun_path():
+    candidate = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return candidate if os.path.exists(candidate) else "horovodrun"
+
+
+def horovodrun_command(servers, argv):
+    """``horovodrun -np W -H host0:1,...`` over ``servers``' ssh (port and key), running ``python argv``."""
+    hosts = ",".join("%s:1" % host for host in servers.hosts)
+    return [horovodrun_path(), "-np", str(len(servers.hosts)), "-H", hosts, "--gloo",
+            "--ssh-port", str(servers.port), "--ssh-identity-file", servers.identity_file,
+            # Horovod's cache (~/.horovod) would keep this run's ssh and interface checks.
+            "--disable-cache", "--start-timeout", str(HOROVODRUN_START_TIMEOUT_S),
+            sys.executable] + list(argv)
+
+
+def run_ranks_horovodrun(servers, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None):
+    """Runs ``python argv...`` on every namespace of ``servers.cluster`` with horovodrun over ssh.
+
+    Same contract as ``run_ranks``; the output of all ranks goes to
+    ``log_dir/<log_prefix>s_horovodrun.log``, which starts with the command.
+    Raises RankFailure when horovodrun exits non-zero or the timeout passes
+    (then it and every rank it started are ended).
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, "%ss_horovodrun.log" % log_prefix)
+    command = horovodrun_command(servers, argv)
+    with open(log_path, "w") as log:
+        log.write("$ %s\n" % shlex.join(command))
+        log.flush()
+        process = subprocess.Popen(servers.client_command(command), env=job_environment(extra_env=extra_env),
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=_REPO_ROOT,
+                                   start_new_session=True)
+    try:
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise RankFailure("horovodrun still running after %.0f s; see %s" % (timeout_s, log_path))
+        if code != 0:
+            raise RankFailure("horovodrun exited with %d; see %s" % (code, log_path))
+        return [log_path]
+    finally:
+        _kill(process)
+        servers.end_sessions()
+
+
+@contextlib.contextmanager
+def open_launcher(name, cluster):
+    """Yields ``run(argv, log_dir, timeout_s, log_prefix="rank", extra_env=None)`` that
+    starts one rank per namespace of the created ``cluster`` with launcher ``name``."""
+    if name not in LAUNCHERS:
+        raise ValueError("launcher must be one of %s, got %r" % (", ".join(LAUNCHERS), name))
+    if name == "direct":
+        yield functools.partial(run_ranks, cluster)
+        return
+    with sshd.SshServers(cluster) as servers:
+        yield functools.partial(run_ranks_horovodrun, servers)
+
+
 def tail(path, lines=15):
     try:
         with open(path) as f:
             return "".join(f.readlines()[-lines:])
     except OSError:
         return ""
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench.launcher",
+                                     description="Runs a training script on a virtual cluster "
+                                                 "of network namespaces (root).")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole job")
+    parser.add_argument("script", help="the training script (e.g. examples/train_digits.py)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
+    try:
+        cluster = netns.VirtualCluster(args.workers, bandwidth=args.bandwidth, tag="l")
+    except ValueError as error:
+        parser.error(str(error))
+    ok, reason = (sshd.available() if args.launcher == "horovodrun" else netns.available())
+    if not ok:
+        print("error: the %s launcher cannot run here: %s" % (args.launcher, reason), file=sys.stderr)
+        return 2
+    netns.cleanup_stale()
+    log_dir = tempfile.mkdtemp(prefix="%s-logs-" % cluster.prefix)
+    code = 0
+    try:
+        with netns.terminate_cleanly(), cluster, open_launcher(args.launcher, cluster) as run:
+            print("[launcher] %d namespaces %s at %s, links %s" % (
+                args.workers, ", ".join(cluster.namespaces), ", ".join(cluster.addresses),
+                args.bandwidth), flush=True)
+            try:
+                logs = run([args.script] + args.args, log_dir, args.timeout, log_prefix="job")
+            except RankFailure as failure:
+                print("[launcher] failed: %s" % failure, flush=True)
+                logs, code = sorted(os.path.join(log_dir, n) for n in os.listdir(log_dir)), 1
+            for path in logs:
+                with open(path) as f:
+                    sys.stdout.write(f.read())
+            sys.stdout.flush()
+    except (KeyboardInterrupt, netns.Terminated) as interrupt:
+        print("[launcher] interrupted (%s); ending the job" % (interrupt or "Ctrl-C"), flush=True)
+        code = 130
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        left = leftovers(cluster)
+        print("[launcher] removed the cluster %s (namespaces, links, shaping%s)%s" % (
+            cluster.prefix, ", ssh servers and keys" if args.launcher == "horovodrun" else "",
+            "; left over: %s" % ", ".join(left) if left else ": nothing left over"), flush=True)
+    return code
+
+
+def leftovers(cluster):
+    """What is left of ``cluster`` after its removal: namespaces, links, files of the
+    run in the temp directory, processes whose command line names it."""
+    left = cluster.leftovers()
+    left += glob.glob(os.path.join(tempfile.gettempdir(), cluster.prefix + "-*"))
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(os.path.join("/proc", entry, "cmdline"), "rb") as f:
+                if cluster.prefix.encode() in f.read():
+                    left.append("process %s" % entry)
+        except OSError:
+            pass
+    return left
+
+
+if __name__ == "__main__":
+    sys.exit(main())

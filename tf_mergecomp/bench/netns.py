@@ -15,7 +15,16 @@ Horovod's per-process-set Gloo contexts ignore HOROVOD_GLOO_IFACE and bind
 to whatever the machine's hostname resolves to (127.0.0.1 here), which
 namespaces cannot reach across. ``ip netns exec`` bind-mounts
 ``/etc/netns/<namespace>/hosts`` over ``/etc/hosts``, so each namespace gets a
-hosts file mapping the hostname to its own address.
+hosts file mapping the hostname to its own address (and every worker's
+namespace name to that worker's address, as a cluster's DNS would).
+
+The interface inside every namespace carries the bridge's name: ``horovodrun``
+gives the ranks, as the rendezvous address, the launching host's address on
+the interface the workers have in common, so the launcher (in the root
+namespace, on the bridge) and the workers must share that interface name.
+
+Processes still running in a cluster's namespaces when it is removed (ranks
+of a killed launch, ssh servers and their sessions) are ended first.
 
 Names are ``mcb<pid as 6 hex digits>...``: a later run removes what a dead
 process left behind (``cleanup_stale``) without touching clusters of live
@@ -29,6 +38,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 
 NAME_ROOT = "mcb"
 _COMMAND_TIMEOUT_S = 20
@@ -144,18 +154,56 @@ def _remove_etc(namespaces):
         pass
 
 
-def _write_hosts(namespace, address):
+def _write_hosts(namespace, address, workers):
+    """``workers``: (name, address) of every worker of the cluster."""
     directory = os.path.join(_NETNS_ETC, namespace)
     os.makedirs(directory, exist_ok=True)
     hostname = socket.gethostname()
     with open(os.path.join(directory, "hosts"), "w") as f:
         f.write("127.0.0.1 localhost\n%s %s\n" % (address, hostname))
+        f.writelines("%s %s\n" % (worker_address, name) for name, worker_address in workers)
+
+
+_KILL_WAIT_S = 5
+
+
+def namespace_pids(namespace):
+    out = _run(["ip", "netns", "pids", namespace], check=False).stdout
+    return [int(pid) for pid in out.split() if pid.isdigit()]
+
+
+def running(pid):
+    """Whether ``pid`` exists and is not a zombie (an ended child not yet waited for)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_namespace_processes(namespaces, spare=()):
+    """Ends every process in ``namespaces`` but the pids in ``spare``: SIGTERM, then
+    SIGKILL after a few seconds."""
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        pids = [pid for ns in namespaces for pid in namespace_pids(ns) if pid not in spare]
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + _KILL_WAIT_S
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if running(pid)]
+            time.sleep(0.1)
+        if not pids:
+            return
 
 
 def _remove(namespaces, links):
     # Deleting a namespace destroys the veth end inside it and so its peer;
     # links are removed afterwards only if something is left.
     existing = set(list_namespaces())
+    kill_namespace_processes([name for name in namespaces if name in existing])
     for name in namespaces:
         if name in existing:
             _run(["ip", "netns", "del", name], check=False)
@@ -201,9 +249,10 @@ def _free_subnet():
 class VirtualCluster:
     """W namespaces on one bridge; use as a context manager (removes everything on exit).
 
-    Attributes after ``create()``: ``namespaces`` (list of names), ``addresses``
-    (worker IPs), ``server_address`` (the bridge IP, for the rendezvous server),
-    ``iface`` (the interface name inside every namespace).
+    Attributes after ``create()``: ``namespaces`` (list of names, also the
+    workers' host names), ``addresses`` (worker IPs), ``server_address`` (the
+    bridge IP, for the rendezvous server), ``iface`` (the interface name inside
+    every namespace: the bridge's name).
     """
 
     def __init__(self, workers, bandwidth="1gbit", burst="256kb", latency="50ms", tag=None):
@@ -221,7 +270,7 @@ class VirtualCluster:
         self.namespaces = []
         self.addresses = []
         self.server_address = None
-        self.iface = "eth0"
+        self.iface = self.bridge
         self._created = False
 
     @property
@@ -251,11 +300,11 @@ class VirtualCluster:
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "addr", "add", self.server_address + "/24", "dev", self.bridge])
         _run(["ip", "link", "set", self.bridge, "up"])
-        for i in range(self.workers):
-            ns = "%sw%d" % (self.prefix, i)
-            address = "%s%d" % (subnet, 10 + i)
+        workers = [("%sw%d" % (self.prefix, i), "%s%d" % (subnet, 10 + i))
+                   for i in range(self.workers)]
+        for i, (ns, address) in enumerate(workers):
             self.namespaces.append(ns)
-            _write_hosts(ns, address)
+            _write_hosts(ns, address, workers)
             _run(["ip", "netns", "add", ns])
             _run(["ip", "link", "add", self._host_veth(i), "type", "veth", "peer", "name", self._ns_veth(i)])
             _run(["ip", "link", "set", self._host_veth(i), "master", self.bridge])

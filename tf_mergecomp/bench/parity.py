@@ -8,8 +8,7 @@ on its half of the training split (80% of the 1,797 images, split with a fixed
 seed), batch 32 per worker, a fixed number of epochs, the same initial weights
 for every config (seeded, then broadcast from rank 0). Configs: Horovod fp32,
 and for each algorithm MergeComp layer-wise and MergeComp with the searched
-partition (``MergeCompCallback`` during the first epoch; partitions=2 when that
-callback is not available). Reports the final test accuracy on the 360 test
+partition (``MergeCompCallback`` during the first epoch). Reports the final test accuracy on the 360 test
 images and whether both ranks ended with identical weights.
 
 Optimizer: plain SGD for every config, learning rate 0.05 x workers, except
@@ -27,6 +26,7 @@ import time
 import traceback
 
 from tf_mergecomp import _keras
+from tf_mergecomp.bench import report
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGN_CODECS = ("signsgd", "signum")
@@ -117,18 +117,12 @@ def worker_main(spec_path):
         except Exception as error:  # recorded; the same error happens on every rank
             traceback.print_exc()
             results.append({"label": config["label"], "config": config, "ok": False,
-                            "error": error_text(error)})
+                            "error": report.error_text(error)})
         if hvd.rank() == 0:
             with open(spec["result_path"], "w") as f:
                 json.dump({"size": hvd.size(), "results": results}, f, indent=1)
             print("[parity] %s: %s" % (config["label"], _brief(results[-1])), flush=True)
     return 0
-
-
-def error_text(error):
-    """The informative line of an exception (TF's start with 'in user code:')."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return "%s: %s" % (type(error).__name__, (lines[-1] if lines else "")[:200])
 
 
 def _brief(result):
@@ -138,8 +132,6 @@ def _brief(result):
 
 
 def table(output, epochs):
-    from tf_mergecomp.bench import report
-
     results = output.get("results", [])
     by_label = {r["label"]: r for r in results}
     fp32 = by_label.get("horovod fp32", {}).get("accuracy")
@@ -172,15 +164,9 @@ def table(output, epochs):
 
 
 def run(args):
-    from tf_mergecomp.bench.cluster import algorithm_available
-
     os.makedirs(args.out, exist_ok=True)
-    notes, algorithms = [], []
-    for algorithm in args.algorithms:
-        available, why = algorithm_available(algorithm)
-        (algorithms.append(algorithm) if available else
-         notes.append("skipped %s: compressor module not there yet (%s)" % (algorithm, why)))
-    spec = {"epochs": args.epochs, "configs": plan_configs(algorithms),
+    notes = []
+    spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms),
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}
     spec_path = os.path.join(args.out, "spec.json")

@@ -39,3 +39,9 @@ def ratio(numerator, denominator):
     if numerator is None or denominator is None or denominator == 0:
         return None
     return numerator / denominator
+
+
+def error_text(error):
+    """The informative line of an exception (TF's start with 'in user code:')."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "%s: %s" % (type(error).__name__, (lines[-1] if lines else "")[:200])

@@ -55,6 +55,8 @@ import sys
 import time
 import traceback
 
+from tf_mergecomp.bench import report
+
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
 SEARCH_ON = ("training", "exchange")
@@ -105,15 +107,6 @@ def _train_timed(model, dataset, steps):
             [cpu[i] - cpu[i - 1] for i in range(1, steps + 1)])
 
 
-def _searched_partition_support():
-    """(callback class or None, note)."""
-    try:
-        from tf_mergecomp.callback import MergeCompCallback  # noqa: F401
-    except ImportError as error:
-        return None, "MergeCompCallback not available (%s): partitions=2 used instead" % error
-    return MergeCompCallback, ""
-
-
 def build_compression(config):
     """Returns (compression for hvd.DistributedOptimizer, search callback class or None, note)."""
     import horovod.tensorflow.keras as hvd
@@ -126,7 +119,7 @@ def build_compression(config):
         if config["compression"] not in choices:
             raise ValueError("horovod compression must be one of %s" % ", ".join(choices))
         return choices[config["compression"]], None, ""
-    from tf_mergecomp import MergeComp
+    from tf_mergecomp import MergeComp, MergeCompCallback
 
     partition = config["partition"]
     if partition not in MERGECOMP_PARTITIONS:
@@ -136,11 +129,8 @@ def build_compression(config):
         return MergeComp(config["algorithm"], partitions="layerwise", seed=0, **params), None, ""
     if partition == "one":
         return MergeComp(config["algorithm"], partitions=1, seed=0, **params), None, ""
-    callback_class, note = _searched_partition_support()
-    if callback_class is None:
-        return MergeComp(config["algorithm"], partitions=2, seed=0, **params), None, note
     mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
-    return mergecomp, callback_class, ""
+    return mergecomp, MergeCompCallback, ""
 
 
 class Slot:
@@ -260,21 +250,26 @@ def _random_gradients(model, rank, tf):
 def _make_exchange(compression, gradients, tf):
     """(step, gradients): ``step(gradients)`` runs the optimizer's gradient exchange alone.
 
-    ``step`` is the allreduce function Horovod's optimizer builds for this
-    compression (MergeComp's through its hook), in a ``tf.function`` traced
-    afresh whenever the MergeComp's partition changes. It returns one element
-    of every reduced tensor, so waiting for it waits for the whole exchange
-    without copying the gradients out.
+    ``step`` runs Horovod's ``DistributedGradientTape`` with this compression
+    (MergeComp's reduction through its hook): the same allreduce function the
+    optimizer builds, applied to ``gradients`` as they are (the tape is asked
+    for the gradient of the tensors with respect to themselves, with the tensors
+    as output gradients, which records no op). It runs in a ``tf.function``
+    traced afresh whenever the MergeComp's partition changes, and returns one
+    element of every reduced tensor, so waiting for it waits for the whole
+    exchange without copying the gradients out.
     """
     import horovod.tensorflow as hvd_tf
 
-    allreduce_grads = hvd_tf._make_allreduce_grads_fn(
-        "exchange", "", "", compression, False, hvd_tf.Average, 1.0, None,
-        hvd_tf.global_process_set)
     state = {"version": None, "fn": None}
 
     def first_elements(grads):
-        return tf.stack([tf.reshape(g, [-1])[0] for g in allreduce_grads(grads)])
+        grads = list(grads)
+        with tf.GradientTape() as tape:
+            tape.watch(grads)
+        tape = hvd_tf.DistributedGradientTape(tape, compression=compression)
+        reduced = tape.gradient(grads, grads, output_gradients=grads)
+        return tf.stack([tf.reshape(g, [-1])[0] for g in reduced])
 
     def step(grads):
         version = getattr(compression, "partition_version", None)
@@ -364,9 +359,7 @@ def _run_step(result, step, *args):
         return True
     except Exception as error:  # recorded per config; the launcher log shows the traceback
         traceback.print_exc()
-        from tf_mergecomp.bench.parity import error_text
-
-        result["error"] = error_text(error)
+        result["error"] = report.error_text(error)
         return False
 
 
