@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "cc/kernels/random.h"
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {

@@ -10,17 +10,11 @@
 #include <cstdint>
 
 #include "cc/kernels/random.h"
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {
 namespace {
-
-struct RandomKey {
-  SeedKey seed_key;
-  __device__ uint32_t operator()(int64_t i) const {
-    return RandomBits(seed_key, static_cast<uint32_t>(i));
-  }
-};
 
 struct IndexEmit {
   int32_t* indices;
@@ -42,7 +36,7 @@ extern "C" int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t
   using namespace tf_mergecomp;
   if (k <= 0) return 0;
   gpu_select::Workspace ws(workspace, n);
-  RandomKey key{MakeSeedKey(seed)};
+  gpu_select::RandomBitsKey key{MakeSeedKey(seed)};
   gpu_select::LaunchSelect(n, k, key, ws, stream);
   gpu_select::LaunchEmit(n, key, IndexEmit{indices}, ws, stream);
   return static_cast<int>(cudaGetLastError());

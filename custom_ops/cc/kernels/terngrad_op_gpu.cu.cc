@@ -54,11 +54,7 @@ __global__ void TernaryCodesKernel(const float* input, int64_t n, SeedKey key, u
     uint32_t byte = 0;
     for (int j = 0; j < 4 && 4 * k + j < n; ++j) {
       const int64_t i = 4 * k + j;
-      const float v = input[i];
-      // A zero or NaN max gives a NaN probability, which never sends.
-      const bool sent =
-          RandomUniform(key, static_cast<uint32_t>(i)) < __fdiv_rn(fabsf(v), max_abs);
-      byte |= (sent ? (IsNonNegative(v) ? 1u : 3u) : 0u) << (2 * j);
+      byte |= gpu::TernaryCode(input[i], max_abs, key, i) << (2 * j);
     }
     payload[kTerngradHeaderBytes + k] = static_cast<uint8_t>(byte);
   }
@@ -73,8 +69,7 @@ __global__ void TerngradDecodeKernel(const uint8_t* payload, int64_t world_size,
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
       const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
-      const float t = (code & 1) ? ((code & 2) ? -1.0f : 1.0f) : 0.0f;
-      const float v = __fmul_rn(LoadFloat(row), t);
+      const float v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));

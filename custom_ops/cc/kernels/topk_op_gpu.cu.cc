@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {
