@@ -307,3 +307,19 @@ def test_large_group_matches_layer_wise_sign_bits(lib):
     _call(lib.mergecomp_signsgd_encode_gpu, cp.asarray(flat), flat.size, single, None)
     np.testing.assert_array_equal(row.get()[:single.size], single.get())
     assert not row.get()[single.size:].any()  # all markers 0
+
+
+def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
+    """MergecompSparseScatterMean's GPU launcher fails on an index outside
+    [0, n), as the CPU kernel does (it used to skip it)."""
+    k, n = 4, 10
+    payload = np.zeros(8 * k, np.uint8)
+    payload[:4 * k].view(np.float32)[:] = [1, 2, 3, 4]
+    payload[4 * k:].view(np.int32)[:] = [0, 3, 9, 5]
+    out = cp.zeros(n, cp.float32)
+    fn = lib.mergecomp_sparse_scatter_mean_launch
+    fn.argtypes, fn.restype = [P, I64, I64, I64, P, P], ctypes.c_int
+    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == 0
+    np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])
+    payload[4 * k:].view(np.int32)[2] = n
+    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == launchers.BAD_INDEX

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "cc/kernels/dense_gpu.h"
 #include "cc/kernels/random.h"
 #include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
@@ -34,12 +35,11 @@ struct DgcState {
 
 __global__ void SampleKernel(const float* input, int64_t n, SeedKey seed_key,
                              int64_t sample_size, uint32_t* sample_keys) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < sample_size;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(sample_size, [&](int64_t j) {
     const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
     const int64_t position = static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
     sample_keys[j] = gpu_select::MagnitudeKeyDevice(input[position]);
-  }
+  });
 }
 
 __global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, DgcState* dgc) {
@@ -51,13 +51,15 @@ __global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, 
 __global__ void CountKernel(const float* input, int64_t n, DgcState* dgc) {
   if (!dgc->active) return;
   const uint32_t threshold_key = gpu_select::MagnitudeKeyDevice(dgc->threshold);
-  unsigned long long count = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key;
+  __shared__ double shared[gpu::kThreads];
+  double count = 0.0;  // exact: counts stay far below 2^53
+  gpu::ForEachIndex(n, [&](int64_t i) {
+    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key ? 1.0 : 0.0;
+  });
+  count = gpu::BlockSum(count, shared);
+  if (threadIdx.x == 0 && count > 0.0) {
+    atomicAdd(&dgc->count, static_cast<unsigned long long>(count));
   }
-  for (int offset = 16; offset > 0; offset >>= 1) count += __shfl_down_sync(0xffffffffu, count, offset);
-  if ((threadIdx.x & 31) == 0 && count) atomicAdd(&dgc->count, count);
 }
 
 __global__ void RefineKernel(DgcState* dgc, long long k) {
@@ -88,11 +90,6 @@ struct MaskedKey {
   }
 };
 
-int GridFor(int64_t n) {
-  const int64_t blocks = (n + 255) / 256;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks));
-}
-
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
@@ -118,16 +115,16 @@ extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_
   base += Align(gpu_select::WorkspaceBytes(sample_size));
   gpu_select::Workspace ws(base, n);
 
-  SampleKernel<<<GridFor(sample_size), 256, 0, stream>>>(input, n, MakeSeedKey(seed),
+  SampleKernel<<<gpu::GridFor(sample_size), gpu::kThreads, 0, stream>>>(input, n, MakeSeedKey(seed),
                                                         sample_size, sample_keys);
   int64_t rank = (sample_size * k + n - 1) / n;
   rank = rank < 1 ? 1 : (rank > sample_size ? sample_size : rank);
   gpu_select::LaunchSelect(sample_size, rank, SampleKey{sample_keys}, sample_ws, stream);
   SetThresholdKernel<<<1, 1, 0, stream>>>(sample_ws.state, dgc);
-  CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+  CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
   for (int round = 0; round < kRefinements; ++round) {
     RefineKernel<<<1, 1, 0, stream>>>(dgc, k);
-    CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+    CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
   }
   MaskedKey key{input, dgc};
   gpu_select::LaunchSelect(n, k, key, ws, stream);

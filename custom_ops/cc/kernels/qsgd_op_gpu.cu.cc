@@ -9,11 +9,10 @@ namespace {
 __global__ void SumSquaresKernel(const float* input, int64_t n, double* partials) {
   __shared__ double shared[gpu::kThreads];
   double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     const double v = input[i];
     sum += v * v;  // exact: a float32 squared fits in a double
-  }
+  });
   sum = gpu::BlockSum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x * gpu::kReduceFields] = sum;
 }
@@ -27,10 +26,9 @@ __global__ void NormHeaderKernel(const double* partials, int count, uint8_t* pay
 __global__ void QsgdCodes8Kernel(const float* input, int64_t n, SeedKey key, float levels,
                                  uint8_t* payload) {
   const float scale = gpu::QsgdScale(LoadFloat(payload), levels);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     payload[kQsgdHeaderBytes + i] = static_cast<uint8_t>(gpu::QsgdCode(input[i], scale, levels, key, i));
-  }
+  });
 }
 
 // Each thread packs 8 elements, which fill exactly `bits` bytes.
@@ -38,8 +36,7 @@ __global__ void QsgdCodesPackedKernel(const float* input, int64_t n, SeedKey key
                                       int bits, uint8_t* payload) {
   const float scale = gpu::QsgdScale(LoadFloat(payload), levels);
   const int64_t groups = (n + 7) / 8;
-  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups;
-       g += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(groups, [&](int64_t g) {
     uint8_t* out = payload + kQsgdHeaderBytes + g * bits;
     uint64_t pending = 0;
     int filled = 0;
@@ -53,14 +50,13 @@ __global__ void QsgdCodesPackedKernel(const float* input, int64_t n, SeedKey key
       }
     }
     if (filled > 0) *out = static_cast<uint8_t>(pending);
-  }
+  });
 }
 
 __global__ void QsgdDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                  int32_t levels, int bits, int64_t row_bytes, float* output) {
   const float levels_f = static_cast<float>(levels);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     float total = 0.0f;
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
@@ -70,7 +66,7 @@ __global__ void QsgdDecodeKernel(const uint8_t* payload, int64_t world_size, int
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));
-  }
+  });
 }
 
 }  // namespace

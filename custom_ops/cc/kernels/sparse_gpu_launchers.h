@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define MERGECOMP_SPARSE_BAD_INDEX 10001  // = MERGECOMP_GPU_BAD_INDEX
+
 extern "C" {
 
 size_t mergecomp_topk_workspace_bytes(int64_t n);
@@ -17,7 +19,8 @@ size_t mergecomp_topk_workspace_bytes(int64_t n);
 int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k, uint8_t* payload,
                                  void* workspace, cudaStream_t stream);
 // Adds `workers` payloads of k slots into output[n] (zeroed first), worker by
-// worker, then divides by workers. Indices outside [0, n) are skipped.
+// worker, then divides by workers. An index outside [0, n) makes it return
+// MERGECOMP_SPARSE_BAD_INDEX (as the CPU op fails); it waits for the stream.
 int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers, int64_t k,
                                          int64_t n, float* output, cudaStream_t stream);
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "cc/kernels/dense_gpu.h"
 #include "cc/kernels/random.h"
 
 namespace tf_mergecomp {
@@ -74,11 +75,10 @@ __global__ void HistogramKernel(int64_t n, KeyFn key, const SelectState* state, 
   __syncthreads();
   const uint32_t prefix = state->prefix, prefix_mask = state->prefix_mask;
   const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     const uint32_t kk = key(i);
     if ((kk & prefix_mask) == prefix) atomicAdd(&local[(kk >> shift) & digit_mask], 1u);
-  }
+  });
   __syncthreads();
   for (int b = threadIdx.x; b < bins; b += blockDim.x) {
     if (local[b]) atomicAdd(&histogram[b], local[b]);
