@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tf_mergecomp import _ops, compressors, memory as memories
 
-SIZES = [0, 1, 7, 300, 1, 4099, 64, 0, 1000]
+SIZES = [0, 1, 7, 300, 1, 2053, 64, 0, 517]
 WORLD = 3
 # case -> (algorithm, algorithm parameters, memory or None for the default,
 #          (worker, tensor) made non-finite or None)
