@@ -217,7 +217,11 @@ class _Groups:
 
 
 def run(args, shapes):
-    import cupy as cp
+    try:
+        import cupy as cp
+    except ImportError as error:
+        raise SystemExit("gpu_check.bench needs CuPy and a CUDA GPU (%s); --dry-run prints the "
+                         "plan without them" % error)
 
     from gpu_check import launchers
 

@@ -23,7 +23,7 @@ OPS = ROOT / "custom_ops"
 DEFAULT_LIBRARY = ROOT / "build" / "gpu_check" / "libmergecomp_gpu.so"
 
 # Every extern "C" launcher the library must export (group_gpu_launchers.h,
-# dense_gpu_launchers.h, sparse_gpu_launchers.h).
+# dense_gpu_launchers.h, sparse_gpu_launchers.h, powersgd_gpu_launchers.h).
 GROUP_SYMBOLS = [
     "mergecomp_group_payload_bytes", "mergecomp_group_row_bytes", "mergecomp_group_context_size",
     "mergecomp_group_workspace_bytes", "mergecomp_group_encode_gpu", "mergecomp_group_decode_gpu",
@@ -40,7 +40,8 @@ SPARSE_SYMBOLS = [
     "mergecomp_dgc_encode_launch", "mergecomp_randomk_workspace_bytes",
     "mergecomp_randomk_indices_launch",
 ]
-EXPECTED_SYMBOLS = GROUP_SYMBOLS + DENSE_SYMBOLS + SPARSE_SYMBOLS
+POWERSGD_SYMBOLS = ["mergecomp_grouped_matmul_gpu"]
+EXPECTED_SYMBOLS = GROUP_SYMBOLS + DENSE_SYMBOLS + SPARSE_SYMBOLS + POWERSGD_SYMBOLS
 
 # The group codecs (the CPU GroupCodec registry's names).
 GROUP_CODECS = ["none", "fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad", "topk",
@@ -130,6 +131,12 @@ class GpuCodec(ctypes.Structure):
                 ("host_tensor_k", ctypes.POINTER(ctypes.c_int64)), ("tensor_k", ctypes.c_void_p)]
 
 
+class GpuMatrices(ctypes.Structure):
+    """MergecompGpuMatrices (powersgd_gpu_launchers.h)."""
+    _fields_ = [("count", ctypes.c_int64), ("host_c_offsets", ctypes.POINTER(ctypes.c_int64))] + [
+        (name, ctypes.c_void_p) for name in ("c_offsets", "m", "k", "r", "a_offsets", "b_offsets")]
+
+
 def load(path=DEFAULT_LIBRARY):
     """The library at `path` with argument and result types declared."""
     lib = ctypes.CDLL(str(path))
@@ -146,6 +153,8 @@ def load(path=DEFAULT_LIBRARY):
         [INT], ctypes.c_char_p)
     lib.mergecomp_group_codec_names.restype = ctypes.c_char_p
     lib.mergecomp_dense_scratch_bytes.restype = I64
+    lib.mergecomp_grouped_matmul_gpu.argtypes = [ctypes.POINTER(GpuMatrices), P, INT, P, P, P]
+    lib.mergecomp_grouped_matmul_gpu.restype = INT
     return lib
 
 

@@ -325,3 +325,46 @@ def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
     np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])
     payload[4 * k:].view(np.int32)[2] = n
     assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == launchers.BAD_INDEX
+
+
+def test_powersgd_products_match_numpy(lib):
+    """PowerSGD's per-tensor products in one launch: P_i = M_i Q_i and
+    Qlocal_i = M_i^T P_i for matrices of mixed shapes (1 x n, n x 1, rank 1
+    and 4), against float64 numpy rounded to float32 (the launcher sums each
+    entry in float64)."""
+    rng = np.random.default_rng(9)
+    shapes = [(64, 32, 4), (1, 50, 1), (50, 1, 1), (300, 7, 4), (3, 3, 2)]  # rows, cols, rank
+    ms = [rng.standard_normal((rows, cols)).astype(np.float32) for rows, cols, _ in shapes]
+    qs = [rng.standard_normal((cols, rank)).astype(np.float32) for _, cols, rank in shapes]
+
+    def grouped(a_list, b_list, m, k, r, transpose):
+        c_offsets = np.concatenate([[0], np.cumsum([mi * ri for mi, ri in zip(m, r)])])
+        a_offsets = np.concatenate([[0], np.cumsum([x.size for x in a_list])])[:-1]
+        b_offsets = np.concatenate([[0], np.cumsum([x.size for x in b_list])])[:-1]
+        tables = {name: cp.asarray(np.asarray(v, np.int64)) for name, v in [
+            ("c_offsets", c_offsets), ("m", m), ("k", k), ("r", r), ("a_offsets", a_offsets),
+            ("b_offsets", b_offsets)]}
+        host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
+        matrices = launchers.GpuMatrices(
+            count=len(m), host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
+            **{name: t.data.ptr for name, t in tables.items()})
+        a = cp.asarray(np.concatenate([x.ravel() for x in a_list]))
+        b = cp.asarray(np.concatenate([x.ravel() for x in b_list]))
+        c = cp.zeros(int(c_offsets[-1]), cp.float32)
+        assert lib.mergecomp_grouped_matmul_gpu(matrices, a.data.ptr, int(transpose), b.data.ptr,
+                                                c.data.ptr, None) == 0
+        cp.cuda.runtime.deviceSynchronize()
+        flat = c.get()
+        return [flat[c_offsets[i]:c_offsets[i + 1]].reshape(m[i], r[i]) for i in range(len(m))]
+
+    rows = [s[0] for s in shapes]
+    cols = [s[1] for s in shapes]
+    ranks = [s[2] for s in shapes]
+    ps = grouped(ms, qs, rows, cols, ranks, transpose=False)
+    for m_i, q_i, p_i in zip(ms, qs, ps):
+        expected = (m_i.astype(np.float64) @ q_i.astype(np.float64)).astype(np.float32)
+        np.testing.assert_allclose(p_i, expected, rtol=1e-6, atol=1e-6)
+    q_local = grouped(ms, ps, cols, rows, ranks, transpose=True)
+    for m_i, p_i, q_i in zip(ms, ps, q_local):
+        expected = (m_i.astype(np.float64).T @ p_i.astype(np.float64)).astype(np.float32)
+        np.testing.assert_allclose(q_i, expected, rtol=1e-6, atol=1e-6)

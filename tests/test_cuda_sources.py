@@ -33,7 +33,7 @@ def library(tmp_path_factory):
 def test_there_are_cuda_sources():
     names = {s.name for s in launchers.sources()}
     for codec in ("fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad", "topk", "dgc",
-                  "randomk", "group"):
+                  "randomk", "group", "powersgd"):
         assert codec + "_op_gpu.cu.cc" in names
 
 
