@@ -129,7 +129,8 @@ extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_
   MaskedKey key{input, dgc};
   gpu_select::LaunchSelect(n, k, key, ws, stream);
   DropNonCandidatesKernel<<<1, 1, 0, stream>>>(ws.state);
-  cudaMemsetAsync(payload, 0, 8 * k, stream);
+  const cudaError_t cleared = cudaMemsetAsync(payload, 0, 8 * k, stream);
+  if (cleared != cudaSuccess) return static_cast<int>(cleared);
   gpu_select::ValueIndexEmit emit{input, reinterpret_cast<float*>(payload),
                                   reinterpret_cast<int32_t*>(payload + 4 * k)};
   gpu_select::LaunchEmit(n, key, emit, ws, stream);
@@ -157,7 +158,8 @@ tensorflow::Status DgcEncodeFunctor<Eigen::GpuDevice>::operator()(
   const int error = mergecomp_dgc_encode_launch(input, n, seed, k, sample_size, payload,
                                                 workspace.flat<uint8_t>().data(),
                                                 context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 

@@ -61,7 +61,8 @@ tensorflow::Status RandomkIndicesFunctor<Eigen::GpuDevice>::operator()(
   const int error = mergecomp_randomk_indices_launch(seed, n, k, indices,
                                                      workspace.flat<uint8_t>().data(),
                                                      context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 

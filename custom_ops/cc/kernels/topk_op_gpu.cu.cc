@@ -125,7 +125,8 @@ tensorflow::Status TopkEncodeFunctor<GPUDevice>::operator()(
   const int error = mergecomp_topk_encode_launch(input, n, k, payload,
                                                  workspace.flat<uint8_t>().data(),
                                                  context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 
