@@ -35,10 +35,10 @@ DENSE_SYMBOLS = ["mergecomp_dense_scratch_bytes"] + [
     for way in ("encode", "decode")
 ]
 SPARSE_SYMBOLS = [
-    "mergecomp_topk_workspace_bytes", "mergecomp_topk_encode_launch",
-    "mergecomp_sparse_scatter_mean_launch", "mergecomp_dgc_workspace_bytes",
-    "mergecomp_dgc_encode_launch", "mergecomp_randomk_workspace_bytes",
-    "mergecomp_randomk_indices_launch",
+    "mergecomp_topk_workspace_bytes", "mergecomp_topk_encode_gpu",
+    "mergecomp_sparse_scatter_mean_gpu", "mergecomp_dgc_workspace_bytes",
+    "mergecomp_dgc_encode_gpu", "mergecomp_randomk_workspace_bytes",
+    "mergecomp_randomk_indices_gpu",
 ]
 POWERSGD_SYMBOLS = ["mergecomp_grouped_matmul_gpu"]
 EXPECTED_SYMBOLS = GROUP_SYMBOLS + DENSE_SYMBOLS + SPARSE_SYMBOLS + POWERSGD_SYMBOLS

@@ -319,7 +319,7 @@ def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
     payload[:4 * k].view(np.float32)[:] = [1, 2, 3, 4]
     payload[4 * k:].view(np.int32)[:] = [0, 3, 9, 5]
     out = cp.zeros(n, cp.float32)
-    fn = lib.mergecomp_sparse_scatter_mean_launch
+    fn = lib.mergecomp_sparse_scatter_mean_gpu
     fn.argtypes, fn.restype = [P, I64, I64, I64, P, P], ctypes.c_int
     assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == 0
     np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])

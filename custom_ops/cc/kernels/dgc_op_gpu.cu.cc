@@ -2,7 +2,7 @@
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size);
-//   int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed, int64_t k,
+//   int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t seed, int64_t k,
 //                                   int64_t sample_size, uint8_t* payload,
 //                                   void* workspace, cudaStream_t);
 // Returns the cudaError_t of the last launch.
@@ -101,7 +101,7 @@ extern "C" size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size) 
          Align(gpu_select::WorkspaceBytes(sample_size)) + gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed,
+extern "C" int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t seed,
                                            int64_t k, int64_t sample_size, uint8_t* payload,
                                            void* workspace, cudaStream_t stream) {
   using namespace tf_mergecomp;
@@ -155,7 +155,7 @@ tensorflow::Status DgcEncodeFunctor<Eigen::GpuDevice>::operator()(
       tensorflow::TensorShape(
           {static_cast<int64_t>(mergecomp_dgc_workspace_bytes(n, sample_size))}),
       &workspace));
-  const int error = mergecomp_dgc_encode_launch(input, n, seed, k, sample_size, payload,
+  const int error = mergecomp_dgc_encode_gpu(input, n, seed, k, sample_size, payload,
                                                 workspace.flat<uint8_t>().data(),
                                                 context->eigen_gpu_device().stream());
   if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ",

@@ -711,11 +711,11 @@ int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_g
   const int32_t* indices = nullptr;
   if (c.codec == kTopk) {
     MERGECOMP_RETURN_IF_ERROR(
-        mergecomp_topk_encode_launch(ws.p, c.total, codec->k, row, ws.select, stream));
+        mergecomp_topk_encode_gpu(ws.p, c.total, codec->k, row, ws.select, stream));
     slots = codec->k;
     indices = reinterpret_cast<const int32_t*>(row + 4 * slots);
   } else if (c.codec == kDgc) {
-    MERGECOMP_RETURN_IF_ERROR(mergecomp_dgc_encode_launch(ws.p, c.total, seed, codec->k,
+    MERGECOMP_RETURN_IF_ERROR(mergecomp_dgc_encode_gpu(ws.p, c.total, seed, codec->k,
                                                           codec->sample_size, row, ws.select,
                                                           stream));
     slots = codec->k;

@@ -2,7 +2,7 @@
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_randomk_workspace_bytes(int64_t n);
-//   int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+//   int mergecomp_randomk_indices_gpu(int64_t seed, int64_t n, int64_t k,
 //                                        int32_t* indices, void* workspace, cudaStream_t);
 // Returns the cudaError_t of the last launch. Same indices as the CPU kernel.
 #include <cuda_runtime.h>
@@ -30,7 +30,7 @@ extern "C" size_t mergecomp_randomk_workspace_bytes(int64_t n) {
   return tf_mergecomp::gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+extern "C" int mergecomp_randomk_indices_gpu(int64_t seed, int64_t n, int64_t k,
                                                 int32_t* indices, void* workspace,
                                                 cudaStream_t stream) {
   using namespace tf_mergecomp;
@@ -58,7 +58,7 @@ tensorflow::Status RandomkIndicesFunctor<Eigen::GpuDevice>::operator()(
       tensorflow::DT_UINT8,
       tensorflow::TensorShape({static_cast<int64_t>(mergecomp_randomk_workspace_bytes(n))}),
       &workspace));
-  const int error = mergecomp_randomk_indices_launch(seed, n, k, indices,
+  const int error = mergecomp_randomk_indices_gpu(seed, n, k, indices,
                                                      workspace.flat<uint8_t>().data(),
                                                      context->eigen_gpu_device().stream());
   if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ",

@@ -3,9 +3,9 @@
 // Framework-free entry points (raw device pointers, a cudaStream_t; callable
 // through ctypes with CuPy arrays):
 //   size_t mergecomp_topk_workspace_bytes(int64_t n);
-//   int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+//   int mergecomp_topk_encode_gpu(const float* input, int64_t n, int64_t k,
 //                                    uint8_t* payload, void* workspace, cudaStream_t);
-//   int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+//   int mergecomp_sparse_scatter_mean_gpu(const uint8_t* payloads, int64_t workers,
 //                                            int64_t k, int64_t n, float* output,
 //                                            cudaStream_t);
 // They return the cudaError_t of the last launch. Payload layout: topk_op.h.
@@ -52,7 +52,7 @@ extern "C" size_t mergecomp_topk_workspace_bytes(int64_t n) {
   return tf_mergecomp::gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+extern "C" int mergecomp_topk_encode_gpu(const float* input, int64_t n, int64_t k,
                                             uint8_t* payload, void* workspace,
                                             cudaStream_t stream) {
   using namespace tf_mergecomp::gpu_select;
@@ -72,7 +72,7 @@ extern "C" int mergecomp_topk_encode_launch(const float* input, int64_t n, int64
     if (error_ != 0) return error_;             \
   } while (0)
 
-extern "C" int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+extern "C" int mergecomp_sparse_scatter_mean_gpu(const uint8_t* payloads, int64_t workers,
                                                     int64_t k, int64_t n, float* output,
                                                     cudaStream_t stream) {
   using namespace tf_mergecomp;
@@ -122,7 +122,7 @@ tensorflow::Status TopkEncodeFunctor<GPUDevice>::operator()(
       tensorflow::DT_UINT8,
       tensorflow::TensorShape({static_cast<int64_t>(mergecomp_topk_workspace_bytes(n))}),
       &workspace));
-  const int error = mergecomp_topk_encode_launch(input, n, k, payload,
+  const int error = mergecomp_topk_encode_gpu(input, n, k, payload,
                                                  workspace.flat<uint8_t>().data(),
                                                  context->eigen_gpu_device().stream());
   if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ",
@@ -134,7 +134,7 @@ template <>
 tensorflow::Status SparseScatterMeanFunctor<GPUDevice>::operator()(
     tensorflow::OpKernelContext* context, const uint8_t* payloads, int64_t workers, int64_t k,
     int64_t n, float* output) {
-  const int error = mergecomp_sparse_scatter_mean_launch(payloads, workers, k, n, output,
+  const int error = mergecomp_sparse_scatter_mean_gpu(payloads, workers, k, n, output,
                                                          context->eigen_gpu_device().stream());
   if (error == MERGECOMP_SPARSE_BAD_INDEX) {
     return tensorflow::errors::InvalidArgument("a sparse payload holds an index outside [0, ", n,
