@@ -5,6 +5,10 @@
 #   make test         the test suite
 #   make build        rebuild the custom-op library after editing custom_ops/
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
+#   make gpu-check    on a GPU host with nvcc, CuPy, numpy and pytest (no TensorFlow,
+#                     no venv): builds the CUDA launchers, checks them against the
+#                     CPU ops' golden outputs and benchmarks the group codecs
+#                     (README, "CUDA launchers"); OUT=dir keeps the results
 #
 # Another TensorFlow release (README, "The stack"): add TF_VERSION=2.16, 2.17 or 2.18
 # (a minor release, or a full version such as 2.18.0) to any target. It gets its
@@ -57,7 +61,7 @@ HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI
 # package here (a second venv for the same TensorFlow then installs in seconds).
 HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))
 
-.PHONY: setup build train test bench clean
+.PHONY: setup build train test bench clean gpu-check
 
 setup: $(VENV)/.stamp-project
 
@@ -97,6 +101,17 @@ test: setup build
 
 bench: setup build
 	$(PY) -m tf_mergecomp.bench ops
+
+# Needs no venv and no TensorFlow: the system python3 (GPU_PYTHON) with CuPy.
+# The benchmark runs even when a check fails; the target fails if either does.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m gpu_check.launchers
+	@status=0; \
+	$(GPU_PYTHON) -m pytest tests/test_cuda_launchers.py -q -p no:cacheprovider -rs \
+		$(if $(OUT),--junitxml=$(OUT)/gpu_check_tests.xml) || status=$$?; \
+	$(GPU_PYTHON) -m gpu_check.bench $(if $(OUT),--out $(OUT)) || status=$$?; \
+	exit $$status
 
 clean:
 	rm -rf build tf_mergecomp/_mergecomp_ops*.so tf_mergecomp/_mergecomp_ops_build.json

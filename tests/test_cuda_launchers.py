@@ -1,19 +1,25 @@
-"""The dense codecs' CUDA kernels reproduce the CPU ops (needs a GPU and CuPy).
+"""The CUDA launchers reproduce the CPU ops (needs nvcc, a GPU and CuPy).
 
 The kernels are built straight from custom_ops/ with nvcc into a plain shared
-library and called through their ``extern "C"`` launchers with CuPy arrays,
-so this runs on a GPU host without TensorFlow. Expected bytes come from the
-CPU ops (tests/data/dense_golden.npz, written by make_dense_golden.py).
+library (gpu_check/launchers.py) and called through their ``extern "C"``
+launchers with CuPy arrays, so this runs on a GPU host without TensorFlow.
+Expected bytes come from the CPU ops: tests/data/dense_golden.npz (the
+single-buffer codecs, make_dense_golden.py) and tests/data/group_golden.npz
+(the group ops over 9 tensors of sizes 0..2053 on 3 workers, every group codec
+and memory, non-finite tensors; make_group_golden.py).
 
-Exact everywhere except the float64 sums behind the onebit/efsignsgd/qsgd
-headers, which the GPU adds in another order: those may differ in the last
-float32 bit, and so may a QSGD level that sits on a rounding boundary.
+Exact everywhere (payload, codec context, state, decoded outputs and
+non-finite flags), with one documented tolerance: the float64 sums behind the
+onebit/efsignsgd/qsgd headers are added in another order on the GPU, so a
+header may differ in its last float32 bit (rtol 2e-7), and so may what is
+computed from it: the residual/momentum state (rtol 1e-6) and a QSGD level
+sitting on a rounding boundary (> 99.9% of codes equal). Random codecs use the
+CPU's counter-based RNG (random.h), so their draws are the same, not
+statistically similar.
 """
 
 import ctypes
-import os
-import shutil
-import subprocess
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +27,13 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
+from gpu_check import launchers  # noqa: E402  (after the CuPy skip)
+
 ROOT = Path(__file__).resolve().parent.parent
-KERNELS = ROOT / "custom_ops" / "cc" / "kernels"
-SOURCES = ["dense_common", "fp16_op", "signsgd_op", "onebit_op", "efsignsgd_op", "qsgd_op",
-           "terngrad_op"]
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-)
 N = 5003
 WORLD = 3
+HEADER_BYTES = {"onebit": 8, "efsignsgd": 4, "qsgd": 4, "terngrad": 4}
+SUMMED_HEADERS = ("onebit", "efsignsgd", "qsgd")
 
 
 def _has_gpu():
@@ -40,7 +44,7 @@ def _has_gpu():
 
 
 pytestmark = [
-    pytest.mark.skipif(NVCC is None, reason="nvcc not found"),
+    pytest.mark.skipif(launchers.find_nvcc() is None, reason="nvcc not found"),
     pytest.mark.skipif(not _has_gpu(), reason="no CUDA device"),
 ]
 
@@ -48,20 +52,21 @@ P, I64 = ctypes.c_void_p, ctypes.c_int64
 
 
 @pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cuda_lib") / "libmergecomp_dense_gpu.so"
-    command = [NVCC, "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-O3", "-o", str(out),
-               "-I" + str(ROOT / "custom_ops")]
-    command += ["-x", "cu"] + [str(KERNELS / (s + "_gpu.cu.cc")) for s in SOURCES]
-    subprocess.run(command, check=True)
-    library = ctypes.CDLL(str(out))
-    library.mergecomp_dense_scratch_bytes.restype = I64
-    return library
+def lib():
+    return launchers.load(launchers.build())
 
 
 @pytest.fixture(scope="module")
 def golden():
     return np.load(ROOT / "tests" / "data" / "dense_golden.npz")
+
+
+@pytest.fixture(scope="module")
+def group_golden():
+    return np.load(ROOT / "tests" / "data" / "group_golden.npz")
+
+
+# ---- single-buffer dense launchers ---------------------------------------------------
 
 
 def inputs():
@@ -135,3 +140,231 @@ def test_gpu_fp16_decode_is_exact(lib):
     out = cp.empty(N, cp.float32)
     _call(lib.mergecomp_fp16_decode_gpu, cp.asarray(values.view(np.uint16)), N, out, None)
     np.testing.assert_array_equal(out.get(), values.astype(np.float32))
+
+
+# ---- group launchers -----------------------------------------------------------------
+
+
+def _cases(group_golden):
+    return json.loads(str(group_golden["cases"]))
+
+
+def _meta(group_golden, case):
+    return json.loads(str(group_golden[case + "__meta"]))
+
+
+def _split(flat, sizes, buffers=1):
+    parts, start = [], 0
+    for n in sizes:
+        parts.append(cp.asarray(flat[start:start + buffers * n]))
+        start += buffers * n
+    return parts
+
+
+def _codec(meta):
+    return launchers.make_codec(
+        meta["codec"], memory=meta["memory"], decay=meta["decay"],
+        gradient_scale=meta["gradient_scale"], marker_bytes=meta["marker_bytes"],
+        scale=meta["scale"], levels=meta["levels"], k=meta["k"], sample_size=meta["sample_size"],
+        tensor_k=meta["tensor_k"] if meta["codec"] == "randomk" else None)
+
+
+def _check(lib, code, what):
+    if code != 0:
+        raise launchers.LauncherError(lib, what, code)
+
+
+def _group_encode(lib, g, case, w):
+    """Runs the encode launcher on worker w's golden inputs and state; returns
+    (row bytes, context, state after (flat) or None)."""
+    meta = _meta(g, case)
+    sizes = [int(n) for n in g[case + "__sizes"]]
+    grads = _split(g["%s__input%d" % (case, w)], sizes)
+    buffers = meta["state_buffers"]
+    state = _split(g["%s__state%d" % (case, w)].copy(), sizes, buffers) if buffers else None
+    group = launchers.DeviceGroup(cp, sizes, inputs=grads, state=state)
+    pair = _codec(meta)
+    codec = group.bind(pair)
+    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
+    context = cp.zeros(max(1, lib.mergecomp_group_context_size(codec, group.struct)), cp.int32)
+    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
+    seed = int(g["%s__seed%d" % (case, w)])
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, seed, row.data.ptr,
+                                               context.data.ptr, workspace.data.ptr, None),
+           "group encode " + case)
+    cp.cuda.runtime.deviceSynchronize()
+    after = np.concatenate([s.get() for s in state]) if state else None
+    size = lib.mergecomp_group_context_size(codec, group.struct)
+    return row.get(), context.get()[:size], after
+
+
+def _group_decode(lib, g, case, rows=None):
+    meta = _meta(g, case)
+    sizes = [int(n) for n in g[case + "__sizes"]]
+    outputs = [cp.full(n, 7.0, cp.float32) for n in sizes]  # garbage to overwrite
+    group = launchers.DeviceGroup(cp, sizes, outputs=outputs)
+    codec = group.bind(_codec(meta))
+    rows = cp.asarray(g[case + "__rows"] if rows is None else rows)
+    context = cp.asarray(np.concatenate([g[case + "__context0"], np.zeros(1, np.int32)]))
+    nonfinite = cp.full(len(sizes), -1, cp.int32)
+    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
+    code = lib.mergecomp_group_decode_gpu(codec, group.struct, rows.data.ptr, meta["num_rows"],
+                                          context.data.ptr, nonfinite.data.ptr,
+                                          workspace.data.ptr, None)
+    cp.cuda.runtime.deviceSynchronize()
+    return code, np.concatenate([o.get() for o in outputs]), nonfinite.get()
+
+
+CASES = ["none", "fp16", "signsgd", "signum", "onebit", "efsignsgd", "efsignsgd_nonfinite", "qsgd",
+         "qsgd5_residual", "terngrad", "topk", "topk_nonfinite", "dgc", "randomk",
+         "randomk_scaled", "fp16_dgc_memory"]
+
+
+def test_golden_covers_every_group_codec(group_golden):
+    assert sorted(CASES) == _cases(group_golden)
+    codecs = {_meta(group_golden, c)["codec"] for c in CASES}
+    assert codecs == set(launchers.GROUP_CODECS)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_group_encode_matches_cpu_op(lib, group_golden, case):
+    g, meta = group_golden, _meta(group_golden, case)
+    header = HEADER_BYTES.get(meta["codec"], 0)
+    summed = meta["codec"] in SUMMED_HEADERS
+    for w in range(WORLD):
+        row, context, state = _group_encode(lib, g, case, w)
+        expected = g["%s__row%d" % (case, w)]
+        assert row.shape == expected.shape
+        np.testing.assert_array_equal(context, g["%s__context%d" % (case, w)])
+        if not summed:
+            np.testing.assert_array_equal(row, expected)
+        else:
+            np.testing.assert_allclose(row[:header].view(np.float32),
+                                       expected[:header].view(np.float32), rtol=2e-7)
+            same = np.mean(row[header:] == expected[header:])
+            assert same == 1.0 if meta["codec"] != "qsgd" else same > 0.999
+        if state is None:
+            continue
+        expected_state = g["%s__state_after%d" % (case, w)]
+        if meta["codec"] == "qsgd":  # a level on a rounding boundary moves s by a unit
+            assert np.isclose(state, expected_state, rtol=1e-6, atol=1e-7).mean() > 0.999
+        elif summed:
+            np.testing.assert_allclose(state, expected_state, rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(state, expected_state)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_group_decode_matches_cpu_op(lib, group_golden, case):
+    code, output, nonfinite = _group_decode(lib, group_golden, case)
+    assert code == 0, lib.mergecomp_group_error_string(code)
+    np.testing.assert_array_equal(nonfinite, group_golden[case + "__nonfinite"])
+    np.testing.assert_array_equal(output, group_golden[case + "__output"])
+
+
+def test_nonfinite_tensor_leaves_state_and_is_marked(lib, group_golden):
+    case = "efsignsgd_nonfinite"
+    worker, tensor = _meta(group_golden, case)["nonfinite"]
+    _, _, state = _group_encode(lib, group_golden, case, worker)
+    np.testing.assert_array_equal(state, group_golden["%s__state%d" % (case, worker)])
+    _, output, nonfinite = _group_decode(lib, group_golden, case)
+    assert nonfinite[tensor] == 1 and nonfinite.sum() == 1
+    sizes = [int(n) for n in group_golden[case + "__sizes"]]
+    start = sum(sizes[:tensor])
+    assert np.isnan(output[start:start + sizes[tensor]]).all()
+
+
+@pytest.mark.parametrize("case", ["topk", "dgc"])
+def test_bad_sparse_index_is_an_error(lib, group_golden, case):
+    meta = _meta(group_golden, case)
+    rows = group_golden[case + "__rows"].copy()
+    total = int(group_golden[case + "__sizes"].sum())
+    indices = rows[4 * meta["k"]:8 * meta["k"]].view(np.int32)
+    indices[1] = total + 5  # worker 0, slot 1
+    code, _, _ = _group_decode(lib, group_golden, case, rows)
+    assert code == launchers.BAD_INDEX
+
+
+def test_unknown_codec_is_a_bad_argument(lib):
+    group = launchers.DeviceGroup(cp, [4], inputs=[cp.ones(4, cp.float32)])
+    codec, _ = launchers.make_codec("nosuchcodec")
+    assert lib.mergecomp_group_encode_gpu(codec, group.struct, 0, None, None, None, None) == (
+        launchers.BAD_ARGUMENT)
+    assert b"topk" in lib.mergecomp_group_error_string(launchers.BAD_ARGUMENT)
+
+
+def test_large_group_matches_layer_wise_sign_bits(lib):
+    """A group of many tensors encodes what one flat buffer of the same values
+    encodes (the cursor's tensor lookup over thousands of tensors)."""
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(0, 3000, 2000)]
+    flat = rng.standard_normal(sum(sizes)).astype(np.float32)
+    group = launchers.DeviceGroup(cp, sizes, inputs=_split(flat, sizes))
+    codec = group.bind(launchers.make_codec("signsgd"))
+    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
+    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, 0, row.data.ptr, None,
+                                               workspace.data.ptr, None), "signsgd encode")
+    single = cp.zeros((flat.size + 7) // 8, cp.uint8)
+    _call(lib.mergecomp_signsgd_encode_gpu, cp.asarray(flat), flat.size, single, None)
+    np.testing.assert_array_equal(row.get()[:single.size], single.get())
+    assert not row.get()[single.size:].any()  # all markers 0
+
+
+def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
+    """MergecompSparseScatterMean's GPU launcher fails on an index outside
+    [0, n), as the CPU kernel does (it used to skip it)."""
+    k, n = 4, 10
+    payload = np.zeros(8 * k, np.uint8)
+    payload[:4 * k].view(np.float32)[:] = [1, 2, 3, 4]
+    payload[4 * k:].view(np.int32)[:] = [0, 3, 9, 5]
+    out = cp.zeros(n, cp.float32)
+    fn = lib.mergecomp_sparse_scatter_mean_gpu
+    fn.argtypes, fn.restype = [P, I64, I64, I64, P, P], ctypes.c_int
+    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == 0
+    np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])
+    payload[4 * k:].view(np.int32)[2] = n
+    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == launchers.BAD_INDEX
+
+
+def test_powersgd_products_match_numpy(lib):
+    """PowerSGD's per-tensor products in one launch: P_i = M_i Q_i and
+    Qlocal_i = M_i^T P_i for matrices of mixed shapes (1 x n, n x 1, rank 1
+    and 4), against float64 numpy rounded to float32 (the launcher sums each
+    entry in float64)."""
+    rng = np.random.default_rng(9)
+    shapes = [(64, 32, 4), (1, 50, 1), (50, 1, 1), (300, 7, 4), (3, 3, 2)]  # rows, cols, rank
+    ms = [rng.standard_normal((rows, cols)).astype(np.float32) for rows, cols, _ in shapes]
+    qs = [rng.standard_normal((cols, rank)).astype(np.float32) for _, cols, rank in shapes]
+
+    def grouped(a_list, b_list, m, k, r, transpose):
+        c_offsets = np.concatenate([[0], np.cumsum([mi * ri for mi, ri in zip(m, r)])])
+        a_offsets = np.concatenate([[0], np.cumsum([x.size for x in a_list])])[:-1]
+        b_offsets = np.concatenate([[0], np.cumsum([x.size for x in b_list])])[:-1]
+        tables = {name: cp.asarray(np.asarray(v, np.int64)) for name, v in [
+            ("c_offsets", c_offsets), ("m", m), ("k", k), ("r", r), ("a_offsets", a_offsets),
+            ("b_offsets", b_offsets)]}
+        host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
+        matrices = launchers.GpuMatrices(
+            count=len(m), host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
+            **{name: t.data.ptr for name, t in tables.items()})
+        a = cp.asarray(np.concatenate([x.ravel() for x in a_list]))
+        b = cp.asarray(np.concatenate([x.ravel() for x in b_list]))
+        c = cp.zeros(int(c_offsets[-1]), cp.float32)
+        assert lib.mergecomp_grouped_matmul_gpu(matrices, a.data.ptr, int(transpose), b.data.ptr,
+                                                c.data.ptr, None) == 0
+        cp.cuda.runtime.deviceSynchronize()
+        flat = c.get()
+        return [flat[c_offsets[i]:c_offsets[i + 1]].reshape(m[i], r[i]) for i in range(len(m))]
+
+    rows = [s[0] for s in shapes]
+    cols = [s[1] for s in shapes]
+    ranks = [s[2] for s in shapes]
+    ps = grouped(ms, qs, rows, cols, ranks, transpose=False)
+    for m_i, q_i, p_i in zip(ms, qs, ps):
+        expected = (m_i.astype(np.float64) @ q_i.astype(np.float64)).astype(np.float32)
+        np.testing.assert_allclose(p_i, expected, rtol=1e-6, atol=1e-6)
+    q_local = grouped(ms, ps, cols, rows, ranks, transpose=True)
+    for m_i, p_i, q_i in zip(ms, ps, q_local):
+        expected = (m_i.astype(np.float64).T @ p_i.astype(np.float64)).astype(np.float32)
+        np.testing.assert_allclose(q_i, expected, rtol=1e-6, atol=1e-6)

@@ -1,60 +1,92 @@
-"""Every CUDA source under custom_ops/ compiles with nvcc, without TensorFlow.
+"""Every CUDA source under custom_ops/ compiles with nvcc, without TensorFlow,
+into one shared library that exports every ``extern "C"`` launcher, and the
+group launchers' payload sizes are the CPU group ops' (no GPU needed).
 
-The ``*_gpu.cu.cc`` files keep their kernels and ``extern "C"`` launchers
-outside ``#if GOOGLE_CUDA``, so they build (and can be driven through ctypes)
-on a machine without a CUDA TensorFlow. This test proves that part compiles
-and exports C symbols named ``mergecomp_*``; it is skipped where nvcc is absent.
+The ``*_gpu.cu.cc`` files keep their kernels and launchers outside
+``#if GOOGLE_CUDA``, so they build (and can be driven through ctypes) on a
+machine without a CUDA TensorFlow: one nvcc invocation, as gpu_check builds
+them. Skipped where nvcc is absent.
 """
 
-import os
+import ctypes
+import json
 import shutil
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from gpu_check import launchers
+
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted((ROOT / "custom_ops").rglob("*_gpu.cu.cc"))
-NVCC = shutil.which("nvcc") or (
-    "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-)
 
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-
-
-def _compile(source, out_dir):
-    target = out_dir / (source.name + ".o")
-    command = [NVCC, "-std=c++17", "-x", "cu", "-c", str(source), "-o", str(target),
-               "-I" + str(ROOT / "custom_ops"), "-Xcompiler", "-fPIC", "-O1"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    return source, target, result
+pytestmark = pytest.mark.skipif(launchers.find_nvcc() is None, reason="nvcc not found")
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("cuda_objects")
-    with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda s: _compile(s, out_dir), SOURCES))
+def library(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cuda_lib") / "libmergecomp_gpu.so"
+    # -O1: this checks compilation and the exported symbols, not speed.
+    return launchers.build(out, arch="", optimize="-O1", force=True)
 
 
 def test_there_are_cuda_sources():
-    names = {s.name for s in SOURCES}
-    for codec in ("fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad"):
+    names = {s.name for s in launchers.sources()}
+    for codec in ("fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad", "topk", "dgc",
+                  "randomk", "group", "powersgd"):
         assert codec + "_op_gpu.cu.cc" in names
 
 
-def test_every_cuda_source_compiles_without_tensorflow(compiled):
-    failures = ["%s:\n%s" % (s.relative_to(ROOT), r.stderr[-2000:])
-                for s, _, r in compiled if r.returncode != 0]
-    assert not failures, "\n".join(failures)
-
-
 @pytest.mark.skipif(shutil.which("nm") is None, reason="nm not found")
-def test_cuda_sources_export_c_launchers(compiled):
-    for source, target, result in compiled:
-        if result.returncode != 0:
-            continue  # reported by the compile test
-        symbols = subprocess.run(["nm", "--defined-only", "-g", str(target)],
-                                 capture_output=True, text=True, check=True).stdout.split()
-        assert any(s.startswith("mergecomp_") for s in symbols), source.name
+def test_library_exports_every_launcher(library):
+    exported = launchers.exported_symbols(library)
+    missing = sorted(set(launchers.EXPECTED_SYMBOLS) - exported)
+    assert not missing, "not exported: %s" % ", ".join(missing)
+    # Nothing else leaks out under the launchers' prefix unannounced.
+    extra = sorted(s for s in exported
+                   if s.startswith("mergecomp_") and s not in launchers.EXPECTED_SYMBOLS)
+    assert not extra, "undocumented launchers: %s" % ", ".join(extra)
+
+
+def _host_group(sizes):
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    c_offsets = (ctypes.c_int64 * len(offsets))(*offsets)
+    group = launchers.GpuGroup(num_tensors=len(sizes),
+                               host_offsets=ctypes.cast(c_offsets, ctypes.POINTER(ctypes.c_int64)))
+    return group, c_offsets
+
+
+def test_group_payload_sizes_are_the_cpu_ops(library):
+    """Row bytes and codec-context sizes of the launchers equal what the CPU
+    group ops produced (tests/data/group_golden.npz) for every case."""
+    lib = launchers.load(library)
+    golden = np.load(ROOT / "tests" / "data" / "group_golden.npz")
+    cases = json.loads(str(golden["cases"]))
+    assert len(cases) >= 10
+    for case in cases:
+        meta = json.loads(str(golden[case + "__meta"]))
+        group, _keep = _host_group([int(n) for n in golden[case + "__sizes"]])
+        codec, _keep_k = launchers.make_codec(
+            meta["codec"], memory=meta["memory"], marker_bytes=meta["marker_bytes"],
+            levels=meta["levels"], k=meta["k"], sample_size=meta["sample_size"],
+            tensor_k=meta["tensor_k"] if meta["codec"] == "randomk" else None)
+        assert lib.mergecomp_group_row_bytes(codec, group) == golden[case + "__row0"].size, case
+        assert lib.mergecomp_group_context_size(codec, group) == (
+            golden[case + "__context0"].size), case
+        payload = lib.mergecomp_group_payload_bytes(codec, group)
+        markers = golden[case + "__sizes"].size * meta["marker_bytes"]
+        assert payload == golden[case + "__row0"].size - markers, case
+        assert lib.mergecomp_group_workspace_bytes(codec, group) > 0
+
+
+def test_bad_group_arguments_are_refused(library):
+    lib = launchers.load(library)
+    group, _keep = _host_group([10, 0, 5])
+    for name, params in [("nosuchcodec", {}), ("qsgd", {"levels": 0}), ("topk", {"k": 16}),
+                         ("randomk", {"tensor_k": [11, 0, 1]})]:
+        codec, _keep_k = launchers.make_codec(name, **params)
+        assert lib.mergecomp_group_payload_bytes(codec, group) == -1, name
+    codec, _ = launchers.make_codec("topk", k=15)
+    assert lib.mergecomp_group_payload_bytes(codec, group) == 8 * 15
+    names = lib.mergecomp_group_codec_names().decode().split(",")
+    assert names == launchers.GROUP_CODECS

@@ -35,18 +35,40 @@ inline int ReduceGridFor(int64_t work_items) {
   return grid < kReduceBlocks ? grid : kReduceBlocks;
 }
 
-// Sums `value` over the block (kThreads threads) in a fixed tree order; the
-// result is valid in thread 0.
-__device__ __forceinline__ double BlockSum(double value, double* shared) {
+// The one grid-stride loop of every kernel: calls fn(i) for each i in
+// [0, n) owned by this thread (i = global thread index + multiples of the
+// grid's thread count).
+template <typename Fn>
+__device__ __forceinline__ void ForEachIndex(int64_t n, const Fn& fn) {
+  const int64_t stride = int64_t{blockDim.x} * gridDim.x;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) fn(i);
+}
+
+struct SumOp {
+  __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
+};
+struct MaxOp {  // NaN-free inputs (callers track NaN apart)
+  __device__ __forceinline__ double operator()(double a, double b) const { return b > a ? b : a; }
+};
+
+// The one block reduction: combines `value` over the block (kThreads
+// threads) in a fixed tree order, so results do not depend on timing; the
+// result is returned to every thread. `shared` holds kThreads doubles.
+template <typename Op>
+__device__ __forceinline__ double BlockReduce(double value, double* shared, Op op) {
   shared[threadIdx.x] = value;
   __syncthreads();
   for (int stride = kThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    if (threadIdx.x < stride) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + stride]);
     __syncthreads();
   }
   const double total = shared[0];
   __syncthreads();
   return total;
+}
+
+__device__ __forceinline__ double BlockSum(double value, double* shared) {
+  return BlockReduce(value, shared, SumOp());
 }
 
 // Sums field `field` of the first `count` partials (laid out
@@ -71,6 +93,45 @@ __device__ __forceinline__ uint8_t SignByte(const float* x, int64_t n, int64_t b
 
 __device__ __forceinline__ bool BitAt(const uint8_t* bits, int64_t i) {
   return (bits[i >> 3] >> (i & 7)) & 1;
+}
+
+// Per-element arithmetic of the stochastic codecs, shared by the
+// single-buffer and the group kernels: the CPU kernels' operations, each
+// rounded once (no fused multiply-add).
+__device__ __forceinline__ uint32_t QsgdCode(float v, float scale, float levels, SeedKey key,
+                                             int64_t i) {
+  const float rounded = floorf(
+      __fadd_rn(__fmul_rn(fabsf(v), scale), RandomUniform(key, static_cast<uint32_t>(i))));
+  // NaN (a NaN element, or 0 * inf) compares false: level 0.
+  const float level = rounded >= 1.0f ? (rounded < levels ? rounded : levels) : 0.0f;
+  return static_cast<uint32_t>(
+      static_cast<int32_t>(IsNonNegative(v) ? __fadd_rn(levels, level) : __fsub_rn(levels, level)));
+}
+
+// levels / norm, or 0 for a zero or NaN norm.
+__device__ __forceinline__ float QsgdScale(float norm, float levels) {
+  return norm > 0.0f ? __fdiv_rn(levels, norm) : 0.0f;
+}
+
+// Code i of a little-endian stream of `bits`-bit codes.
+__device__ __forceinline__ int32_t CodeAt(const uint8_t* codes, int64_t i, int bits) {
+  const int64_t first_bit = i * bits;
+  const uint8_t* byte = codes + (first_bit >> 3);
+  const int shift = static_cast<int>(first_bit & 7);
+  uint64_t window = 0;
+  for (int k = 0; 8 * k < shift + bits; ++k) window |= static_cast<uint64_t>(byte[k]) << (8 * k);
+  return static_cast<int32_t>((window >> shift) & ((uint64_t{1} << bits) - 1));
+}
+
+// TernGrad's 2-bit code: 0 = not sent, 1 = +1, 3 = -1. A zero or NaN max
+// gives a NaN probability, which never sends.
+__device__ __forceinline__ uint32_t TernaryCode(float v, float max_abs, SeedKey key, int64_t i) {
+  const bool sent = RandomUniform(key, static_cast<uint32_t>(i)) < __fdiv_rn(fabsf(v), max_abs);
+  return sent ? (IsNonNegative(v) ? 1u : 3u) : 0u;
+}
+
+__device__ __forceinline__ float TernaryValue(uint32_t code) {
+  return (code & 1) ? ((code & 2) ? -1.0f : 1.0f) : 0.0f;
 }
 
 inline int ErrorCode() { return static_cast<int>(cudaGetLastError()); }

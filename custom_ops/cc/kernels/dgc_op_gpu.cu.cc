@@ -2,7 +2,7 @@
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size);
-//   int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed, int64_t k,
+//   int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t seed, int64_t k,
 //                                   int64_t sample_size, uint8_t* payload,
 //                                   void* workspace, cudaStream_t);
 // Returns the cudaError_t of the last launch.
@@ -17,7 +17,9 @@
 
 #include <cstdint>
 
+#include "cc/kernels/dense_gpu.h"
 #include "cc/kernels/random.h"
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {
@@ -33,12 +35,11 @@ struct DgcState {
 
 __global__ void SampleKernel(const float* input, int64_t n, SeedKey seed_key,
                              int64_t sample_size, uint32_t* sample_keys) {
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < sample_size;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(sample_size, [&](int64_t j) {
     const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
     const int64_t position = static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
     sample_keys[j] = gpu_select::MagnitudeKeyDevice(input[position]);
-  }
+  });
 }
 
 __global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, DgcState* dgc) {
@@ -50,13 +51,15 @@ __global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, 
 __global__ void CountKernel(const float* input, int64_t n, DgcState* dgc) {
   if (!dgc->active) return;
   const uint32_t threshold_key = gpu_select::MagnitudeKeyDevice(dgc->threshold);
-  unsigned long long count = 0;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key;
+  __shared__ double shared[gpu::kThreads];
+  double count = 0.0;  // exact: counts stay far below 2^53
+  gpu::ForEachIndex(n, [&](int64_t i) {
+    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key ? 1.0 : 0.0;
+  });
+  count = gpu::BlockSum(count, shared);
+  if (threadIdx.x == 0 && count > 0.0) {
+    atomicAdd(&dgc->count, static_cast<unsigned long long>(count));
   }
-  for (int offset = 16; offset > 0; offset >>= 1) count += __shfl_down_sync(0xffffffffu, count, offset);
-  if ((threadIdx.x & 31) == 0 && count) atomicAdd(&dgc->count, count);
 }
 
 __global__ void RefineKernel(DgcState* dgc, long long k) {
@@ -87,11 +90,6 @@ struct MaskedKey {
   }
 };
 
-int GridFor(int64_t n) {
-  const int64_t blocks = (n + 255) / 256;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks));
-}
-
 size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 }  // namespace
@@ -103,7 +101,7 @@ extern "C" size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size) 
          Align(gpu_select::WorkspaceBytes(sample_size)) + gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_t seed,
+extern "C" int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t seed,
                                            int64_t k, int64_t sample_size, uint8_t* payload,
                                            void* workspace, cudaStream_t stream) {
   using namespace tf_mergecomp;
@@ -117,21 +115,22 @@ extern "C" int mergecomp_dgc_encode_launch(const float* input, int64_t n, int64_
   base += Align(gpu_select::WorkspaceBytes(sample_size));
   gpu_select::Workspace ws(base, n);
 
-  SampleKernel<<<GridFor(sample_size), 256, 0, stream>>>(input, n, MakeSeedKey(seed),
+  SampleKernel<<<gpu::GridFor(sample_size), gpu::kThreads, 0, stream>>>(input, n, MakeSeedKey(seed),
                                                         sample_size, sample_keys);
   int64_t rank = (sample_size * k + n - 1) / n;
   rank = rank < 1 ? 1 : (rank > sample_size ? sample_size : rank);
   gpu_select::LaunchSelect(sample_size, rank, SampleKey{sample_keys}, sample_ws, stream);
   SetThresholdKernel<<<1, 1, 0, stream>>>(sample_ws.state, dgc);
-  CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+  CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
   for (int round = 0; round < kRefinements; ++round) {
     RefineKernel<<<1, 1, 0, stream>>>(dgc, k);
-    CountKernel<<<GridFor(n), 256, 0, stream>>>(input, n, dgc);
+    CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
   }
   MaskedKey key{input, dgc};
   gpu_select::LaunchSelect(n, k, key, ws, stream);
   DropNonCandidatesKernel<<<1, 1, 0, stream>>>(ws.state);
-  cudaMemsetAsync(payload, 0, 8 * k, stream);
+  const cudaError_t cleared = cudaMemsetAsync(payload, 0, 8 * k, stream);
+  if (cleared != cudaSuccess) return static_cast<int>(cleared);
   gpu_select::ValueIndexEmit emit{input, reinterpret_cast<float*>(payload),
                                   reinterpret_cast<int32_t*>(payload + 4 * k)};
   gpu_select::LaunchEmit(n, key, emit, ws, stream);
@@ -156,10 +155,11 @@ tensorflow::Status DgcEncodeFunctor<Eigen::GpuDevice>::operator()(
       tensorflow::TensorShape(
           {static_cast<int64_t>(mergecomp_dgc_workspace_bytes(n, sample_size))}),
       &workspace));
-  const int error = mergecomp_dgc_encode_launch(input, n, seed, k, sample_size, payload,
+  const int error = mergecomp_dgc_encode_gpu(input, n, seed, k, sample_size, payload,
                                                 workspace.flat<uint8_t>().data(),
                                                 context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 

@@ -12,11 +12,10 @@ __global__ void EfsignsgdPackKernel(const float* input, int64_t n, uint8_t* payl
   __shared__ double shared[gpu::kThreads];
   const int64_t bytes = (n + 7) / 8;
   double l1 = 0.0;
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
-       k += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(bytes, [&](int64_t k) {
     payload[kEfsignsgdHeaderBytes + k] = gpu::SignByte(input, n, k);
     for (int64_t i = 8 * k; i < 8 * k + 8 && i < n; ++i) l1 += fabs(static_cast<double>(input[i]));
-  }
+  });
   l1 = gpu::BlockSum(l1, shared);
   if (threadIdx.x == 0) partials[blockIdx.x * gpu::kReduceFields] = l1;
 }
@@ -33,8 +32,7 @@ __global__ void EfsignsgdHeaderKernel(const double* partials, int count, int64_t
 __global__ void EfsignsgdDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                       float* output) {
   const int64_t row_bytes = kEfsignsgdHeaderBytes + (n + 7) / 8;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     float total = 0.0f;
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
@@ -43,7 +41,7 @@ __global__ void EfsignsgdDecodeKernel(const uint8_t* payload, int64_t world_size
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));
-  }
+  });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // IEEE results, so they agree bit for bit on every finite and infinite value.
 #include "cc/kernels/fp16_op.h"
 #include "cc/kernels/group_op.h"
+#include "cc/kernels/payload_size.h"
 
 #include <cstring>
 
@@ -114,7 +115,7 @@ using tensorflow::Status;
 class Fp16GroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
-    return 2 * layout.total();
+    return payload_size::Fp16(layout.total());
   }
   Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {
@@ -134,7 +135,7 @@ REGISTER_GROUP_CODEC("fp16", Fp16GroupCodec);
 class NoneGroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams&) const override {
-    return 4 * layout.total();
+    return payload_size::None(layout.total());
   }
   Status Encode(OpKernelContext* context, const BlockInput& input, const GroupLayout& layout,
                 const GroupCodecParams&, int64_t, uint8_t* payload, int32_t*) const override {

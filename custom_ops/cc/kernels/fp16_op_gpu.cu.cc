@@ -8,17 +8,15 @@ namespace tf_mergecomp {
 namespace {
 
 __global__ void ToHalfKernel(const float* input, int64_t n, uint16_t* output) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     output[i] = __half_as_ushort(__float2half_rn(input[i]));
-  }
+  });
 }
 
 __global__ void FromHalfKernel(const uint16_t* input, int64_t n, float* output) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     output[i] = __half2float(__ushort_as_half(input[i]));
-  }
+  });
 }
 
 }  // namespace

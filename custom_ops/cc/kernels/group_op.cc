@@ -10,6 +10,7 @@
 
 #include "cc/kernels/dense_cpu.h"
 #include "cc/kernels/finite.h"
+#include "cc/kernels/payload_size.h"
 #include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/types.h"
@@ -356,7 +357,7 @@ bool MarkerSet(DataType type, const uint8_t* markers, int64_t i) {
 
 // Bytes of the markers after the codec's payload in each row.
 int64_t MarkerBytes(DataType payload_type, const GroupLayout& layout) {
-  return layout.num_tensors() * tensorflow::DataTypeSize(payload_type);
+  return payload_size::Markers(layout.num_tensors(), tensorflow::DataTypeSize(payload_type));
 }
 
 class GroupEncodeOp : public OpKernel {

@@ -107,14 +107,7 @@ class GroupCodec {
                                     const BlockOutput& output) const = 0;
 };
 
-// Seeds of a group hold the index of its first tensor in bits [12, 24)
-// (tf_mergecomp/mergecomp.py): tensor i of the group then draws exactly what
-// it draws as a group of its own, so per-tensor draws do not depend on the
-// partition.
-constexpr int kTensorSeedShift = 12;
-inline int64_t TensorSeed(int64_t group_seed, int64_t tensor) {
-  return group_seed + (tensor << kTensorSeedShift);
-}
+// TensorSeed (tensor i's seed within a group): cc/kernels/random.h.
 
 using GroupCodecFactory = std::function<std::unique_ptr<GroupCodec>()>;
 

@@ -12,8 +12,7 @@ __global__ void OnebitPackKernel(const float* input, int64_t n, uint8_t* payload
   __shared__ double shared[gpu::kThreads];
   const int64_t bytes = (n + 7) / 8;
   double positive = 0.0, negative = 0.0, positive_count = 0.0;
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
-       k += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(bytes, [&](int64_t k) {
     payload[kOnebitHeaderBytes + k] = gpu::SignByte(input, n, k);
     for (int64_t i = 8 * k; i < 8 * k + 8 && i < n; ++i) {
       const bool plus = IsNonNegative(input[i]);
@@ -21,7 +20,7 @@ __global__ void OnebitPackKernel(const float* input, int64_t n, uint8_t* payload
       negative += plus ? 0.0 : static_cast<double>(input[i]);
       positive_count += plus ? 1.0 : 0.0;
     }
-  }
+  });
   positive = gpu::BlockSum(positive, shared);
   negative = gpu::BlockSum(negative, shared);
   positive_count = gpu::BlockSum(positive_count, shared);
@@ -50,8 +49,7 @@ __global__ void OnebitHeaderKernel(const double* partials, int count, int64_t n,
 __global__ void OnebitDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                    float* output) {
   const int64_t row_bytes = kOnebitHeaderBytes + (n + 7) / 8;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     float total = 0.0f;
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
@@ -59,7 +57,7 @@ __global__ void OnebitDecodeKernel(const uint8_t* payload, int64_t world_size, i
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));
-  }
+  });
 }
 
 }  // namespace

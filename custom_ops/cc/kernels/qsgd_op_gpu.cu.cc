@@ -9,11 +9,10 @@ namespace {
 __global__ void SumSquaresKernel(const float* input, int64_t n, double* partials) {
   __shared__ double shared[gpu::kThreads];
   double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     const double v = input[i];
     sum += v * v;  // exact: a float32 squared fits in a double
-  }
+  });
   sum = gpu::BlockSum(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x * gpu::kReduceFields] = sum;
 }
@@ -24,42 +23,25 @@ __global__ void NormHeaderKernel(const double* partials, int count, uint8_t* pay
   if (threadIdx.x == 0) StoreFloat(payload, static_cast<float>(sqrt(sum)));
 }
 
-// The CPU kernel's arithmetic, each step rounded once (no fused multiply-add).
-__device__ __forceinline__ uint32_t QsgdCode(float v, float scale, float levels, SeedKey key,
-                                             int64_t i) {
-  const float rounded = floorf(
-      __fadd_rn(__fmul_rn(fabsf(v), scale), RandomUniform(key, static_cast<uint32_t>(i))));
-  const float level = rounded >= 1.0f ? (rounded < levels ? rounded : levels) : 0.0f;
-  return static_cast<uint32_t>(
-      static_cast<int32_t>(IsNonNegative(v) ? __fadd_rn(levels, level) : __fsub_rn(levels, level)));
-}
-
-__device__ __forceinline__ float QsgdScale(const uint8_t* payload, float levels) {
-  const float norm = LoadFloat(payload);
-  return norm > 0.0f ? __fdiv_rn(levels, norm) : 0.0f;
-}
-
 __global__ void QsgdCodes8Kernel(const float* input, int64_t n, SeedKey key, float levels,
                                  uint8_t* payload) {
-  const float scale = QsgdScale(payload, levels);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
-    payload[kQsgdHeaderBytes + i] = static_cast<uint8_t>(QsgdCode(input[i], scale, levels, key, i));
-  }
+  const float scale = gpu::QsgdScale(LoadFloat(payload), levels);
+  gpu::ForEachIndex(n, [&](int64_t i) {
+    payload[kQsgdHeaderBytes + i] = static_cast<uint8_t>(gpu::QsgdCode(input[i], scale, levels, key, i));
+  });
 }
 
 // Each thread packs 8 elements, which fill exactly `bits` bytes.
 __global__ void QsgdCodesPackedKernel(const float* input, int64_t n, SeedKey key, float levels,
                                       int bits, uint8_t* payload) {
-  const float scale = QsgdScale(payload, levels);
+  const float scale = gpu::QsgdScale(LoadFloat(payload), levels);
   const int64_t groups = (n + 7) / 8;
-  for (int64_t g = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; g < groups;
-       g += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(groups, [&](int64_t g) {
     uint8_t* out = payload + kQsgdHeaderBytes + g * bits;
     uint64_t pending = 0;
     int filled = 0;
     for (int64_t i = 8 * g; i < 8 * g + 8 && i < n; ++i) {
-      pending |= static_cast<uint64_t>(QsgdCode(input[i], scale, levels, key, i)) << filled;
+      pending |= static_cast<uint64_t>(gpu::QsgdCode(input[i], scale, levels, key, i)) << filled;
       filled += bits;
       while (filled >= 8) {
         *out++ = static_cast<uint8_t>(pending);
@@ -68,33 +50,23 @@ __global__ void QsgdCodesPackedKernel(const float* input, int64_t n, SeedKey key
       }
     }
     if (filled > 0) *out = static_cast<uint8_t>(pending);
-  }
-}
-
-__device__ __forceinline__ int32_t CodeAt(const uint8_t* codes, int64_t i, int bits) {
-  const int64_t first_bit = i * bits;
-  const uint8_t* byte = codes + (first_bit >> 3);
-  const int shift = static_cast<int>(first_bit & 7);
-  uint64_t window = 0;
-  for (int k = 0; 8 * k < shift + bits; ++k) window |= static_cast<uint64_t>(byte[k]) << (8 * k);
-  return static_cast<int32_t>((window >> shift) & ((uint64_t{1} << bits) - 1));
+  });
 }
 
 __global__ void QsgdDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                  int32_t levels, int bits, int64_t row_bytes, float* output) {
   const float levels_f = static_cast<float>(levels);
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     float total = 0.0f;
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
       const float unit = __fdiv_rn(LoadFloat(row), levels_f);
-      const float v = __fmul_rn(static_cast<float>(CodeAt(row + kQsgdHeaderBytes, i, bits) - levels),
+      const float v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) - levels),
                                 unit);
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));
-  }
+  });
 }
 
 }  // namespace

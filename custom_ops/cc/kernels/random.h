@@ -52,6 +52,15 @@ MERGECOMP_HOST_DEVICE float RandomUniform(SeedKey key, uint32_t index) {
   return static_cast<float>(RandomBits(key, index) >> 8) * (1.0f / 16777216.0f);
 }
 
+// Seeds of a group hold the index of its first tensor in bits [12, 24)
+// (tf_mergecomp/mergecomp.py): tensor i of the group then draws exactly what
+// it draws as a group of its own, so per-tensor draws do not depend on the
+// partition. Used by the CPU group codecs and the CUDA group launchers.
+constexpr int kTensorSeedShift = 12;
+MERGECOMP_HOST_DEVICE int64_t TensorSeed(int64_t group_seed, int64_t tensor) {
+  return group_seed + (tensor << kTensorSeedShift);
+}
+
 }  // namespace tf_mergecomp
 
 #endif  // TF_MERGECOMP_RANDOM_H_

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "cc/kernels/group_op.h"
+#include "cc/kernels/payload_size.h"
 #include "cc/kernels/random.h"
 #include "cc/kernels/sparse_select.h"
 #include "cc/kernels/topk_op.h"
@@ -73,7 +74,7 @@ REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVIC
 class RandomkGroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout& layout, const GroupCodecParams& params) const override {
-    return 4 * ContextSize(layout, params);
+    return payload_size::Randomk(ContextSize(layout, params));
   }
   int64_t ContextSize(const GroupLayout&, const GroupCodecParams& params) const override {
     int64_t slots = 0;

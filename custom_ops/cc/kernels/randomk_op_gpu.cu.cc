@@ -2,7 +2,7 @@
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_randomk_workspace_bytes(int64_t n);
-//   int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+//   int mergecomp_randomk_indices_gpu(int64_t seed, int64_t n, int64_t k,
 //                                        int32_t* indices, void* workspace, cudaStream_t);
 // Returns the cudaError_t of the last launch. Same indices as the CPU kernel.
 #include <cuda_runtime.h>
@@ -10,17 +10,11 @@
 #include <cstdint>
 
 #include "cc/kernels/random.h"
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {
 namespace {
-
-struct RandomKey {
-  SeedKey seed_key;
-  __device__ uint32_t operator()(int64_t i) const {
-    return RandomBits(seed_key, static_cast<uint32_t>(i));
-  }
-};
 
 struct IndexEmit {
   int32_t* indices;
@@ -36,13 +30,13 @@ extern "C" size_t mergecomp_randomk_workspace_bytes(int64_t n) {
   return tf_mergecomp::gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_randomk_indices_launch(int64_t seed, int64_t n, int64_t k,
+extern "C" int mergecomp_randomk_indices_gpu(int64_t seed, int64_t n, int64_t k,
                                                 int32_t* indices, void* workspace,
                                                 cudaStream_t stream) {
   using namespace tf_mergecomp;
   if (k <= 0) return 0;
   gpu_select::Workspace ws(workspace, n);
-  RandomKey key{MakeSeedKey(seed)};
+  gpu_select::RandomBitsKey key{MakeSeedKey(seed)};
   gpu_select::LaunchSelect(n, k, key, ws, stream);
   gpu_select::LaunchEmit(n, key, IndexEmit{indices}, ws, stream);
   return static_cast<int>(cudaGetLastError());
@@ -64,10 +58,11 @@ tensorflow::Status RandomkIndicesFunctor<Eigen::GpuDevice>::operator()(
       tensorflow::DT_UINT8,
       tensorflow::TensorShape({static_cast<int64_t>(mergecomp_randomk_workspace_bytes(n))}),
       &workspace));
-  const int error = mergecomp_randomk_indices_launch(seed, n, k, indices,
+  const int error = mergecomp_randomk_indices_gpu(seed, n, k, indices,
                                                      workspace.flat<uint8_t>().data(),
                                                      context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 

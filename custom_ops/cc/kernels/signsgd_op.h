@@ -3,19 +3,20 @@
 #define TF_MERGECOMP_SIGNSGD_OP_H_
 
 #include "cc/kernels/dense_op.h"
+#include "cc/kernels/payload_size.h"
 
 namespace tf_mergecomp {
 
 template <typename Device>
 struct SignsgdEncodeFunctor {
-  static int64_t PayloadBytes(int64_t n, int64_t /*levels*/) { return CeilDiv(n, 8); }
+  static int64_t PayloadBytes(int64_t n, int64_t /*levels*/) { return payload_size::Signsgd(n); }
   void operator()(tensorflow::OpKernelContext* context, const float* input, int64_t n,
                   int64_t seed, int64_t levels, uint8_t* payload);
 };
 
 template <typename Device>
 struct SignsgdDecodeFunctor {
-  static int64_t RowBytes(int64_t n, int64_t /*levels*/) { return CeilDiv(n, 8); }
+  static int64_t RowBytes(int64_t n, int64_t /*levels*/) { return payload_size::Signsgd(n); }
   void operator()(tensorflow::OpKernelContext* context, const uint8_t* payload,
                   int64_t world_size, int64_t n, int64_t levels, float* output);
 };

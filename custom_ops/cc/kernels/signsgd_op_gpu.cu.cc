@@ -8,21 +8,19 @@ namespace {
 
 __global__ void SignBitsKernel(const float* input, int64_t n, uint8_t* payload) {
   const int64_t bytes = (n + 7) / 8;
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
-       k += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(bytes, [&](int64_t k) {
     payload[k] = gpu::SignByte(input, n, k);
-  }
+  });
 }
 
 __global__ void MajorityVoteKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                    float* output) {
   const int64_t row_bytes = (n + 7) / 8;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     int64_t votes = 0;
     for (int64_t w = 0; w < world_size; ++w) votes += gpu::BitAt(payload + w * row_bytes, i) ? 1 : -1;
     output[i] = votes >= 0 ? 1.0f : -1.0f;
-  }
+  });
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // sparse_select.h, giving the same selection (ties to the lower index) and the
 // same ascending-index emission order.
 //
+// Kernels that are not templates are static: several launch sources include
+// this header and are linked into one library.
+//
 // Everything is enqueued on one stream without host synchronisation: three
 // histogram passes (shared-memory histograms merged with atomics), each
 // followed by a one-thread kernel that picks the digit; then per-chunk counts,
@@ -13,6 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/random.h"
 
 namespace tf_mergecomp {
 namespace gpu_select {
@@ -54,7 +60,7 @@ struct Workspace {
   }
 };
 
-__global__ void InitStateKernel(SelectState* state, uint32_t* histogram, long long k) {
+static __global__ void InitStateKernel(SelectState* state, uint32_t* histogram, long long k) {
   state->prefix = 0;
   state->prefix_mask = 0;
   state->remaining = k;
@@ -69,18 +75,17 @@ __global__ void HistogramKernel(int64_t n, KeyFn key, const SelectState* state, 
   __syncthreads();
   const uint32_t prefix = state->prefix, prefix_mask = state->prefix_mask;
   const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     const uint32_t kk = key(i);
     if ((kk & prefix_mask) == prefix) atomicAdd(&local[(kk >> shift) & digit_mask], 1u);
-  }
+  });
   __syncthreads();
   for (int b = threadIdx.x; b < bins; b += blockDim.x) {
     if (local[b]) atomicAdd(&histogram[b], local[b]);
   }
 }
 
-__global__ void ChooseDigitKernel(SelectState* state, uint32_t* histogram, int shift, int bins) {
+static __global__ void ChooseDigitKernel(SelectState* state, uint32_t* histogram, int shift, int bins) {
   long long remaining = state->remaining;
   int chosen = 0;
   for (int b = bins - 1; b >= 0; --b) {
@@ -121,7 +126,7 @@ __global__ void CountChunksKernel(int64_t n, KeyFn key, const SelectState* state
 }
 
 // equal[] in, ties[] and start[] out: the same serial split as the CPU code.
-__global__ void ScanChunksKernel(int64_t num_chunks, const SelectState* state,
+static __global__ void ScanChunksKernel(int64_t num_chunks, const SelectState* state,
                                  const long long* greater, long long* ties_inout,
                                  long long* start) {
   long long ties_left = state->remaining;
@@ -221,6 +226,14 @@ void LaunchEmit(int64_t n, KeyFn key, EmitFn emit, Workspace ws, cudaStream_t st
 struct MagnitudeKey {
   const float* input;
   __device__ uint32_t operator()(int64_t i) const { return MagnitudeKeyDevice(input[i]); }
+};
+
+// Random-k's key: position i's random bits under the seed.
+struct RandomBitsKey {
+  SeedKey seed_key;
+  __device__ uint32_t operator()(int64_t i) const {
+    return RandomBits(seed_key, static_cast<uint32_t>(i));
+  }
 };
 
 struct ValueIndexEmit {

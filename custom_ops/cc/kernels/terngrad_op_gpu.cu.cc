@@ -7,30 +7,21 @@ namespace tf_mergecomp {
 namespace {
 
 __global__ void MaxAbsKernel(const float* input, int64_t n, double* partials) {
-  __shared__ float max_shared[gpu::kThreads];
-  __shared__ int nan_shared[gpu::kThreads];
-  float max_abs = 0.0f;
-  int has_nan = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  __shared__ double shared[gpu::kThreads];
+  double max_abs = 0.0, has_nan = 0.0;
+  gpu::ForEachIndex(n, [&](int64_t i) {
     const float a = fabsf(input[i]);
-    has_nan |= a != a;
-    max_abs = a > max_abs ? a : max_abs;
-  }
-  max_shared[threadIdx.x] = max_abs;
-  nan_shared[threadIdx.x] = has_nan;
-  __syncthreads();
-  for (int stride = gpu::kThreads / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) {
-      const float other = max_shared[threadIdx.x + stride];
-      max_shared[threadIdx.x] = other > max_shared[threadIdx.x] ? other : max_shared[threadIdx.x];
-      nan_shared[threadIdx.x] |= nan_shared[threadIdx.x + stride];
+    if (a != a) {
+      has_nan = 1.0;
+    } else if (a > max_abs) {
+      max_abs = a;
     }
-    __syncthreads();
-  }
+  });
+  max_abs = gpu::BlockReduce(max_abs, shared, gpu::MaxOp());
+  has_nan = gpu::BlockReduce(has_nan, shared, gpu::MaxOp());
   if (threadIdx.x == 0) {
-    partials[blockIdx.x * gpu::kReduceFields] = max_shared[0];
-    partials[blockIdx.x * gpu::kReduceFields + 1] = nan_shared[0];
+    partials[blockIdx.x * gpu::kReduceFields] = max_abs;
+    partials[blockIdx.x * gpu::kReduceFields + 1] = has_nan;
   }
 }
 
@@ -49,36 +40,29 @@ __global__ void MaxHeaderKernel(const double* partials, int count, uint8_t* payl
 __global__ void TernaryCodesKernel(const float* input, int64_t n, SeedKey key, uint8_t* payload) {
   const float max_abs = LoadFloat(payload);
   const int64_t bytes = (n + 3) / 4;
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < bytes;
-       k += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(bytes, [&](int64_t k) {
     uint32_t byte = 0;
     for (int j = 0; j < 4 && 4 * k + j < n; ++j) {
       const int64_t i = 4 * k + j;
-      const float v = input[i];
-      // A zero or NaN max gives a NaN probability, which never sends.
-      const bool sent =
-          RandomUniform(key, static_cast<uint32_t>(i)) < __fdiv_rn(fabsf(v), max_abs);
-      byte |= (sent ? (IsNonNegative(v) ? 1u : 3u) : 0u) << (2 * j);
+      byte |= gpu::TernaryCode(input[i], max_abs, key, i) << (2 * j);
     }
     payload[kTerngradHeaderBytes + k] = static_cast<uint8_t>(byte);
-  }
+  });
 }
 
 __global__ void TerngradDecodeKernel(const uint8_t* payload, int64_t world_size, int64_t n,
                                      float* output) {
   const int64_t row_bytes = kTerngradHeaderBytes + (n + 3) / 4;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{blockDim.x} * gridDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     float total = 0.0f;
     for (int64_t w = 0; w < world_size; ++w) {
       const uint8_t* row = payload + w * row_bytes;
       const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
-      const float t = (code & 1) ? ((code & 2) ? -1.0f : 1.0f) : 0.0f;
-      const float v = __fmul_rn(LoadFloat(row), t);
+      const float v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
       total = w == 0 ? v : __fadd_rn(total, v);
     }
     output[i] = __fdiv_rn(total, static_cast<float>(world_size));
-  }
+  });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cc/kernels/group_op.h"
+#include "cc/kernels/payload_size.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/threadpool.h"
 
@@ -33,7 +34,7 @@ struct SparseScatterMeanFunctor {
 class SparseGroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout&, const GroupCodecParams& params) const override {
-    return 8 * params.k;
+    return payload_size::Sparse(params.k);
   }
   tensorflow::Status Decode(tensorflow::OpKernelContext* context, const uint8_t* rows,
                             int64_t num_rows, const int32_t*, const GroupLayout& layout,

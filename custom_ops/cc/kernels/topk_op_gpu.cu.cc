@@ -3,45 +3,46 @@
 // Framework-free entry points (raw device pointers, a cudaStream_t; callable
 // through ctypes with CuPy arrays):
 //   size_t mergecomp_topk_workspace_bytes(int64_t n);
-//   int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+//   int mergecomp_topk_encode_gpu(const float* input, int64_t n, int64_t k,
 //                                    uint8_t* payload, void* workspace, cudaStream_t);
-//   int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+//   int mergecomp_sparse_scatter_mean_gpu(const uint8_t* payloads, int64_t workers,
 //                                            int64_t k, int64_t n, float* output,
 //                                            cudaStream_t);
 // They return the cudaError_t of the last launch. Payload layout: topk_op.h.
 // The decoder adds worker by worker (one launch each), so the sum order over
-// workers matches the CPU kernel; out-of-range indices are skipped on the GPU.
+// workers matches the CPU kernel; an out-of-range index is an error, as on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cc/kernels/dense_gpu.h"
+
+#include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
 namespace tf_mergecomp {
 namespace {
 
-__global__ void ScatterAddKernel(const uint8_t* payload, int64_t k, int64_t n, float* output) {
+__global__ void ScatterAddKernel(const uint8_t* payload, int64_t k, int64_t n, float* output,
+                                 int32_t* bad_index) {
   const float* values = reinterpret_cast<const float*>(payload);
   const int32_t* indices = reinterpret_cast<const int32_t*>(payload + 4 * k);
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < k;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(k, [&](int64_t j) {
     const int32_t index = indices[j];
     // Within one payload indices are distinct except dgc's padding slots,
     // which add 0: the atomics do not make the result order-dependent.
-    if (index >= 0 && index < n) atomicAdd(&output[index], values[j]);
-  }
+    if (index >= 0 && index < n) {
+      atomicAdd(&output[index], values[j]);
+    } else {
+      *bad_index = 1;
+    }
+  });
 }
 
 __global__ void DivideKernel(float* output, int64_t n, float divisor) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  gpu::ForEachIndex(n, [&](int64_t i) {
     output[i] /= divisor;
-  }
-}
-
-int GridFor(int64_t n) {
-  const int64_t blocks = (n + 255) / 256;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 4096 ? 4096 : blocks));
+  });
 }
 
 }  // namespace
@@ -51,7 +52,7 @@ extern "C" size_t mergecomp_topk_workspace_bytes(int64_t n) {
   return tf_mergecomp::gpu_select::WorkspaceBytes(n);
 }
 
-extern "C" int mergecomp_topk_encode_launch(const float* input, int64_t n, int64_t k,
+extern "C" int mergecomp_topk_encode_gpu(const float* input, int64_t n, int64_t k,
                                             uint8_t* payload, void* workspace,
                                             cudaStream_t stream) {
   using namespace tf_mergecomp::gpu_select;
@@ -65,18 +66,41 @@ extern "C" int mergecomp_topk_encode_launch(const float* input, int64_t n, int64
   return static_cast<int>(cudaGetLastError());
 }
 
-extern "C" int mergecomp_sparse_scatter_mean_launch(const uint8_t* payloads, int64_t workers,
+#define MERGECOMP_RETURN_IF_ERROR(expr)         \
+  do {                                          \
+    const int error_ = static_cast<int>(expr);  \
+    if (error_ != 0) return error_;             \
+  } while (0)
+
+extern "C" int mergecomp_sparse_scatter_mean_gpu(const uint8_t* payloads, int64_t workers,
                                                     int64_t k, int64_t n, float* output,
                                                     cudaStream_t stream) {
   using namespace tf_mergecomp;
-  cudaMemsetAsync(output, 0, sizeof(float) * n, stream);
-  for (int64_t w = 0; w < workers && k > 0; ++w) {
-    ScatterAddKernel<<<GridFor(k), 256, 0, stream>>>(payloads + w * 8 * k, k, n, output);
+  MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(output, 0, sizeof(float) * n, stream));
+  if (workers < 1 || k <= 0) return 0;
+  int32_t* bad_index = nullptr;
+  MERGECOMP_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&bad_index),
+                                            sizeof(int32_t), stream));
+  int error = cudaMemsetAsync(bad_index, 0, sizeof(int32_t), stream);
+  for (int64_t w = 0; w < workers && error == 0; ++w) {
+    ScatterAddKernel<<<gpu::GridFor(k), gpu::kThreads, 0, stream>>>(payloads + w * 8 * k, k, n,
+                                                                     output, bad_index);
+    error = cudaGetLastError();
   }
-  if (workers > 1 && n > 0) {
-    DivideKernel<<<GridFor(n), 256, 0, stream>>>(output, n, static_cast<float>(workers));
+  if (error == 0 && workers > 1 && n > 0) {
+    DivideKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(output, n,
+                                                                static_cast<float>(workers));
+    error = cudaGetLastError();
   }
-  return static_cast<int>(cudaGetLastError());
+  // A bad index is an error, as on the CPU: wait for the stream to know.
+  int32_t found = 0;
+  if (error == 0) {
+    error = cudaMemcpyAsync(&found, bad_index, sizeof(found), cudaMemcpyDeviceToHost, stream);
+  }
+  const int freed = cudaFreeAsync(bad_index, stream);
+  if (error == 0) error = cudaStreamSynchronize(stream);
+  if (error == 0) error = freed;
+  return error != 0 ? error : (found ? MERGECOMP_SPARSE_BAD_INDEX : 0);
 }
 
 #if GOOGLE_CUDA
@@ -98,10 +122,11 @@ tensorflow::Status TopkEncodeFunctor<GPUDevice>::operator()(
       tensorflow::DT_UINT8,
       tensorflow::TensorShape({static_cast<int64_t>(mergecomp_topk_workspace_bytes(n))}),
       &workspace));
-  const int error = mergecomp_topk_encode_launch(input, n, k, payload,
+  const int error = mergecomp_topk_encode_gpu(input, n, k, payload,
                                                  workspace.flat<uint8_t>().data(),
                                                  context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ", error);
+  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ",
+                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
   return tensorflow::OkStatus();
 }
 
@@ -109,9 +134,16 @@ template <>
 tensorflow::Status SparseScatterMeanFunctor<GPUDevice>::operator()(
     tensorflow::OpKernelContext* context, const uint8_t* payloads, int64_t workers, int64_t k,
     int64_t n, float* output) {
-  const int error = mergecomp_sparse_scatter_mean_launch(payloads, workers, k, n, output,
+  const int error = mergecomp_sparse_scatter_mean_gpu(payloads, workers, k, n, output,
                                                          context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("sparse decode launch failed: ", error);
+  if (error == MERGECOMP_SPARSE_BAD_INDEX) {
+    return tensorflow::errors::InvalidArgument("a sparse payload holds an index outside [0, ", n,
+                                               ")");
+  }
+  if (error != 0) {
+    return tensorflow::errors::Internal("sparse decode launch failed: ",
+                                        cudaGetErrorString(static_cast<cudaError_t>(error)));
+  }
   return tensorflow::OkStatus();
 }
 

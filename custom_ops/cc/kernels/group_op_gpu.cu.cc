@@ -1,0 +1,922 @@
+// CUDA group codecs (interface and payload layout: group_gpu_launchers.h).
+//
+// The group is one flat index space over a device table of tensors; a
+// thread finds the tensor of its element through a cursor that keeps the
+// tensor it last used and binary-searches the offsets only when it leaves
+// it, so every pass is one launch over the whole group whatever the number
+// of tensors.
+//
+// Passes (each one launch over the group, every kernel on gpu::ForEachIndex
+// and gpu::BlockReduce):
+//   encode  non-finite flags (reads g) -> markers ->
+//           dense: [reduction of p + header, for onebit/efsignsgd/qsgd/terngrad] ->
+//                  codes + state update (p recomputed from g and the old state,
+//                  s = decode(own payload) per element, state written once);
+//           sparse: compensation into one float32 group buffer (and the state)
+//                  -> selection on it (topk/dgc: the single-buffer selection;
+//                  randomk: one selection per tensor, k_i of n_i, which is the
+//                  one per-tensor launch set left) -> state correction at the
+//                  sent slots only.
+//   decode  markers -> flags; dense: one pass over the group combining every
+//           row; sparse: fill, one scatter per row (worker order, as the CPU
+//           adds), finish (divide, NaN for marked tensors).
+// Float arithmetic is rounded step by step (__fadd_rn, __fmul_rn, ...) as the
+// CPU kernels round it, so codes, decoded values and state are the CPU's;
+// only the float64 sums behind the onebit/efsignsgd/qsgd headers are added in
+// another order (last-bit differences of the header, and of what depends on it).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/group_gpu_launchers.h"
+#include "cc/kernels/payload_size.h"
+#include "cc/kernels/random.h"
+#include "cc/kernels/sparse_gpu_launchers.h"
+#include "cc/kernels/sparse_select_gpu.cu.h"
+
+namespace tf_mergecomp {
+namespace group_gpu {
+
+using gpu::kThreads;
+
+enum Codec { kNone, kFp16, kSignsgd, kOnebit, kEfsignsgd, kQsgd, kTerngrad, kTopk, kDgc, kRandomk };
+
+struct CodecName {
+  const char* name;
+  Codec codec;
+};
+constexpr CodecName kCodecs[] = {
+    {"none", kNone},           {"fp16", kFp16}, {"signsgd", kSignsgd}, {"onebit", kOnebit},
+    {"efsignsgd", kEfsignsgd}, {"qsgd", kQsgd}, {"terngrad", kTerngrad}, {"topk", kTopk},
+    {"dgc", kDgc},             {"randomk", kRandomk}};
+
+bool LookUp(const char* name, Codec* codec) {
+  if (name == nullptr) return false;
+  for (const CodecName& entry : kCodecs) {
+    if (strcmp(entry.name, name) == 0) {
+      *codec = entry.codec;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool IsSparse(Codec codec) { return codec == kTopk || codec == kDgc || codec == kRandomk; }
+
+// ---- the group on the device ---------------------------------------------
+
+struct DeviceGroup {
+  int64_t num_tensors;
+  int64_t total;
+  const int64_t* offsets;
+
+  // The tensor holding flat index i < total: the last one starting at or
+  // before i (empty tensors starting there come first and are skipped).
+  __device__ int64_t TensorAt(int64_t i) const {
+    int64_t lo = 0, hi = num_tensors;  // offsets[lo] <= i < offsets[hi]
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (offsets[mid] <= i) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+};
+
+// The tensor of a thread's current element; consecutive elements of a
+// thread usually stay in one tensor, so Seek rarely searches.
+struct Cursor {
+  int64_t t = 0;
+  int64_t begin = 0;
+  int64_t end = 0;  // [begin, end): tensor t in the flat space
+
+  __device__ void Seek(const DeviceGroup& group, int64_t i) {
+    if (i >= begin && i < end) return;
+    t = group.TensorAt(i);
+    begin = group.offsets[t];
+    end = group.offsets[t + 1];
+  }
+  __device__ int64_t size() const { return end - begin; }
+};
+
+// The memory's compensation and state update (group_op.cc's, rounding
+// alike). The state is written only when no tensor of the group is
+// non-finite (*any_nonfinite == 0); a non-finite tensor reads as zeros.
+struct DeviceMemory {
+  int kind;
+  float decay;
+  float gradient_scale;
+  const float* const* inputs;
+  float* const* state;
+  const int32_t* nonfinite;
+  const int32_t* any_nonfinite;
+
+  __device__ float Gradient(const Cursor& c, int64_t j) const {
+    return nonfinite[c.t] ? 0.0f : inputs[c.t][j];
+  }
+  __device__ bool Commit() const { return kind != MERGECOMP_MEMORY_NONE && *any_nonfinite == 0; }
+
+  // u <- decay * u + g of the dgc memory, from the old u.
+  __device__ float NewMomentum(const Cursor& c, int64_t j, float g) const {
+    return __fadd_rn(__fmul_rn(decay, state[c.t][j]), g);
+  }
+
+  // p of element j of tensor c.t, from the gradient and the old state.
+  __device__ float Compensated(const Cursor& c, int64_t j) const {
+    const float g = Gradient(c, j);
+    switch (kind) {
+      case MERGECOMP_MEMORY_RESIDUAL: return __fadd_rn(g, state[c.t][j]);
+      case MERGECOMP_MEMORY_MOMENTUM:
+        return __fadd_rn(__fmul_rn(decay, state[c.t][j]), __fmul_rn(gradient_scale, g));
+      case MERGECOMP_MEMORY_DGC:
+        return __fadd_rn(state[c.t][c.size() + j], NewMomentum(c, j, g));
+      default: return g;
+    }
+  }
+
+  // Dense codecs, after encoding: the new state from p and s (this worker's
+  // own decoded value of the element), written once.
+  __device__ void Update(const Cursor& c, int64_t j, float p, float s, bool commit) const {
+    if (!commit) return;
+    float* buffer = state[c.t];
+    switch (kind) {
+      case MERGECOMP_MEMORY_RESIDUAL: buffer[j] = __fsub_rn(p, s); return;
+      case MERGECOMP_MEMORY_MOMENTUM: buffer[j] = p; return;
+      case MERGECOMP_MEMORY_DGC: {
+        const float u = NewMomentum(c, j, Gradient(c, j));
+        buffer[j] = __fmul_rn(u, s == 0.0f ? 1.0f : 0.0f);
+        buffer[c.size() + j] = __fsub_rn(p, s);
+        return;
+      }
+      default: return;
+    }
+  }
+
+  // Sparse codecs: writes the compensated state (residual e <- p, from
+  // which the sent entries are subtracted later; momentum m <- p; dgc u, v)
+  // and returns p.
+  __device__ float CompensateInState(const Cursor& c, int64_t j, bool commit) const {
+    const float p = Compensated(c, j);
+    if (!commit) return p;
+    float* buffer = state[c.t];
+    if (kind == MERGECOMP_MEMORY_DGC) {
+      buffer[j] = NewMomentum(c, j, Gradient(c, j));
+      buffer[c.size() + j] = p;
+    } else {
+      buffer[j] = p;
+    }
+    return p;
+  }
+};
+
+// ---- encode: flags and markers --------------------------------------------
+
+__global__ void NonFiniteKernel(DeviceGroup group, const float* const* inputs, int32_t* nonfinite,
+                                int32_t* any_nonfinite) {
+  Cursor c;
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    c.Seek(group, i);
+    const uint32_t bits = __float_as_uint(inputs[c.t][i - c.begin]);
+    if ((bits & 0x7f800000u) == 0x7f800000u) {
+      nonfinite[c.t] = 1;
+      *any_nonfinite = 1;
+    }
+  });
+}
+
+// One payload element per tensor: 1 (as uint8, float16 or float32) where
+// the tensor is non-finite, else 0.
+__global__ void MarkersKernel(int64_t num_tensors, const int32_t* nonfinite, int marker_bytes,
+                              uint8_t* markers) {
+  gpu::ForEachIndex(num_tensors, [&](int64_t t) {
+    const bool set = nonfinite[t] != 0;
+    uint8_t* out = markers + t * marker_bytes;
+    if (marker_bytes == 1) {
+      out[0] = set ? 1 : 0;
+    } else if (marker_bytes == 2) {
+      out[0] = 0;
+      out[1] = set ? 0x3c : 0;  // float16 1.0 = 0x3c00
+    } else {
+      out[0] = 0;
+      out[1] = 0;
+      out[2] = set ? 0x80 : 0;  // float32 1.0 = 0x3f800000
+      out[3] = set ? 0x3f : 0;
+    }
+  });
+}
+
+__device__ __forceinline__ bool MarkerSet(const uint8_t* markers, int64_t t, int marker_bytes) {
+  const uint8_t* m = markers + t * marker_bytes;
+  if (marker_bytes == 1) return m[0] != 0;
+  if (marker_bytes == 2) return ((m[0] | (m[1] << 8)) & 0x7fff) != 0;  // != +-0
+  uint32_t bits = m[0] | (m[1] << 8) | (m[2] << 16) | (uint32_t{m[3]} << 24);
+  return (bits & 0x7fffffffu) != 0;
+}
+
+__global__ void FlagsFromMarkersKernel(int64_t num_tensors, const uint8_t* rows, int64_t num_rows,
+                                       int64_t row_bytes, int64_t payload_bytes, int marker_bytes,
+                                       int32_t* nonfinite) {
+  gpu::ForEachIndex(num_tensors, [&](int64_t t) {
+    int32_t set = 0;
+    for (int64_t w = 0; w < num_rows; ++w) {
+      set |= MarkerSet(rows + w * row_bytes + payload_bytes, t, marker_bytes);
+    }
+    nonfinite[t] = set;
+  });
+}
+
+// ---- encode: dense codecs ---------------------------------------------------
+
+// Per-block partials of the header's reduction over p: onebit (sum of the
+// "+" side, of the "-" side, count of "+"), efsignsgd (sum |p|), qsgd (sum
+// p^2), terngrad (max |p|, any NaN).
+template <Codec kCodec>
+__global__ void ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials) {
+  __shared__ double shared[kThreads];
+  double a = 0.0, b = 0.0, c = 0.0;
+  Cursor cursor;
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    cursor.Seek(group, i);
+    const float p = memory.Compensated(cursor, i - cursor.begin);
+    if (kCodec == kOnebit) {
+      const bool plus = IsNonNegative(p);
+      a += plus ? static_cast<double>(p) : 0.0;
+      b += plus ? 0.0 : static_cast<double>(p);
+      c += plus ? 1.0 : 0.0;
+    } else if (kCodec == kEfsignsgd) {
+      a += fabs(static_cast<double>(p));
+    } else if (kCodec == kQsgd) {
+      a += static_cast<double>(p) * static_cast<double>(p);  // exact in double
+    } else {  // kTerngrad
+      const float magnitude = fabsf(p);
+      if (magnitude != magnitude) {
+        b = 1.0;
+      } else if (magnitude > a) {
+        a = magnitude;
+      }
+    }
+  });
+  double* mine = partials + blockIdx.x * gpu::kReduceFields;
+  if (kCodec == kTerngrad) {
+    a = gpu::BlockReduce(a, shared, gpu::MaxOp());
+    b = gpu::BlockReduce(b, shared, gpu::MaxOp());
+  } else {
+    a = gpu::BlockSum(a, shared);
+    if (kCodec == kOnebit) {
+      b = gpu::BlockSum(b, shared);
+      c = gpu::BlockSum(c, shared);
+    }
+  }
+  if (threadIdx.x == 0) {
+    mine[0] = a;
+    mine[1] = b;
+    mine[2] = c;
+  }
+}
+
+// One block: the header from the partials, as the CPU kernels compute it.
+template <Codec kCodec>
+__global__ void HeaderKernel(const double* partials, int count, int64_t n, uint8_t* row) {
+  __shared__ double shared[kThreads];
+  if (kCodec == kTerngrad) {
+    double max_abs = 0.0, has_nan = 0.0;
+    for (int b = threadIdx.x; b < count; b += kThreads) {
+      max_abs = fmax(max_abs, partials[b * gpu::kReduceFields]);
+      has_nan = fmax(has_nan, partials[b * gpu::kReduceFields + 1]);
+    }
+    max_abs = gpu::BlockReduce(max_abs, shared, gpu::MaxOp());
+    has_nan = gpu::BlockReduce(has_nan, shared, gpu::MaxOp());
+    if (threadIdx.x == 0) {
+      StoreFloat(row, has_nan != 0.0 ? __int_as_float(0x7fc00000) : static_cast<float>(max_abs));
+    }
+    return;
+  }
+  const double a = gpu::SumPartials(partials, count, 0, shared);
+  if (kCodec == kOnebit) {
+    const double b = gpu::SumPartials(partials, count, 1, shared);
+    const double positive_count = gpu::SumPartials(partials, count, 2, shared);
+    if (threadIdx.x == 0) {
+      const double negative_count = static_cast<double>(n) - positive_count;
+      StoreFloat(row, positive_count > 0 ? static_cast<float>(a / positive_count) : 0.0f);
+      StoreFloat(row + 4, negative_count > 0 ? static_cast<float>(b / negative_count) : 0.0f);
+    }
+  } else if (threadIdx.x == 0) {
+    if (kCodec == kEfsignsgd) {
+      StoreFloat(row, n > 0 ? static_cast<float>(a / static_cast<double>(n)) : 0.0f);
+    } else {  // kQsgd
+      StoreFloat(row, static_cast<float>(sqrt(a)));
+    }
+  }
+}
+
+struct CodeParams {
+  SeedKey key;
+  int64_t levels;  // qsgd
+  int bits;        // qsgd code width
+};
+
+// Elements per work item of the codes pass: a payload byte of sign bits (8)
+// or 2-bit codes (4), 8 qsgd codes (`bits` whole bytes), one fp16/none value.
+template <Codec kCodec>
+__host__ __device__ constexpr int ItemElements() {
+  return kCodec == kTerngrad ? 4 : (kCodec == kFp16 || kCodec == kNone ? 1 : 8);
+}
+
+// Codes of the group (and the state update) in one pass; headers were
+// written by HeaderKernel before.
+template <Codec kCodec>
+__global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams params,
+                            uint8_t* row) {
+  constexpr int kItem = ItemElements<kCodec>();
+  const bool commit = memory.Commit();
+  const bool update = memory.kind != MERGECOMP_MEMORY_NONE;
+  float hi = 1.0f, lo = -1.0f;  // signsgd: the majority of one row is its own sign
+  if (kCodec == kOnebit) {
+    hi = LoadFloat(row);
+    lo = LoadFloat(row + 4);
+  } else if (kCodec == kEfsignsgd) {
+    hi = LoadFloat(row);
+    lo = -hi;
+  }
+  const float levels = static_cast<float>(params.levels);
+  const float qsgd_scale = kCodec == kQsgd ? gpu::QsgdScale(LoadFloat(row), levels) : 0.0f;
+  const float qsgd_unit = kCodec == kQsgd ? __fdiv_rn(LoadFloat(row), levels) : 0.0f;
+  const float max_abs = kCodec == kTerngrad ? LoadFloat(row) : 0.0f;
+  Cursor c;
+  const int64_t items = (group.total + kItem - 1) / kItem;
+  gpu::ForEachIndex(items, [&](int64_t item) {
+    uint64_t pending = 0;
+    int filled = 0;
+    uint8_t* qsgd_out = row + kQsgdHeaderBytes + item * params.bits;
+    for (int e = 0; e < kItem; ++e) {
+      const int64_t i = item * kItem + e;
+      if (i >= group.total) break;
+      c.Seek(group, i);
+      const int64_t j = i - c.begin;
+      const float p = memory.Compensated(c, j);
+      float s;
+      if (kCodec == kNone) {
+        reinterpret_cast<float*>(row)[i] = p;
+        s = p;
+      } else if (kCodec == kFp16) {
+        const __half h = __float2half_rn(p);
+        reinterpret_cast<__half*>(row)[i] = h;
+        s = __half2float(h);
+      } else if (kCodec == kQsgd) {
+        const uint32_t code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
+        pending |= static_cast<uint64_t>(code) << filled;
+        filled += params.bits;
+        while (filled >= 8) {
+          *qsgd_out++ = static_cast<uint8_t>(pending);
+          pending >>= 8;
+          filled -= 8;
+        }
+        s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code) -
+                                         static_cast<int32_t>(params.levels)),
+                      qsgd_unit);
+      } else if (kCodec == kTerngrad) {
+        const uint32_t code = gpu::TernaryCode(p, max_abs, params.key, i);
+        pending |= static_cast<uint64_t>(code) << (2 * e);
+        s = __fmul_rn(max_abs, gpu::TernaryValue(code));
+      } else {  // sign codecs
+        const bool plus = IsNonNegative(p);
+        pending |= static_cast<uint64_t>(plus) << e;
+        s = plus ? hi : lo;
+      }
+      if (update) memory.Update(c, j, p, s, commit);
+    }
+    if (kCodec == kQsgd) {
+      if (filled > 0) *qsgd_out = static_cast<uint8_t>(pending);
+    } else if (kCodec == kTerngrad) {
+      row[kTerngradHeaderBytes + item] = static_cast<uint8_t>(pending);
+    } else if (kCodec == kSignsgd || kCodec == kOnebit || kCodec == kEfsignsgd) {
+      const int64_t header = kCodec == kOnebit      ? kOnebitHeaderBytes
+                             : kCodec == kEfsignsgd ? kEfsignsgdHeaderBytes
+                                                    : 0;
+      row[header + item] = static_cast<uint8_t>(pending);
+    }
+  });
+}
+
+// ---- encode: sparse codecs ---------------------------------------------------
+
+__global__ void CompensateKernel(DeviceGroup group, DeviceMemory memory, float* p) {
+  const bool commit = memory.Commit();
+  Cursor c;
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    c.Seek(group, i);
+    p[i] = memory.CompensateInState(c, i - c.begin, commit);
+  });
+}
+
+// Random-k's scale n_i / k_i, rounded to float32 once (1 without scale).
+__device__ __forceinline__ float RandomkScale(const DeviceGroup& group, const int64_t* tensor_k,
+                                              int scale, int64_t t) {
+  const int64_t k = tensor_k[t];
+  const int64_t n = group.offsets[t + 1] - group.offsets[t];
+  return scale && k > 0 ? static_cast<float>(static_cast<double>(n) / static_cast<double>(k))
+                        : 1.0f;
+}
+
+// The state at the sent entries: residual e <- e - sent; dgc v <- v - sent,
+// u <- u * (sent == 0). Slots are the payload's (topk/dgc: values then
+// indices) or random-k's (values, positions in codec_context).
+__global__ void CorrectSentKernel(DeviceGroup group, DeviceMemory memory, int64_t slots,
+                                  const float* values, const int32_t* indices,
+                                  const int64_t* tensor_k, int scale) {
+  if (!memory.Commit()) return;
+  gpu::ForEachIndex(slots, [&](int64_t slot) {
+    const int64_t index = indices[slot];
+    const int64_t t = group.TensorAt(index);
+    const int64_t j = index - group.offsets[t];
+    const float value =
+        tensor_k != nullptr && scale ? __fmul_rn(values[slot], RandomkScale(group, tensor_k, 1, t))
+                                     : values[slot];
+    float* buffer = memory.state[t];
+    if (memory.kind == MERGECOMP_MEMORY_RESIDUAL) {
+      buffer[j] = __fsub_rn(buffer[j], value);
+    } else if (memory.kind == MERGECOMP_MEMORY_DGC) {
+      const int64_t n = group.offsets[t + 1] - group.offsets[t];
+      buffer[n + j] = __fsub_rn(buffer[n + j], value);
+      buffer[j] = __fmul_rn(buffer[j], value == 0.0f ? 1.0f : 0.0f);
+    }
+  });
+}
+
+// Random-k's emission for tensor i: its position in the group's flat space
+// and the compensated value there.
+struct RandomkEmit {
+  const float* p;
+  int64_t offset;
+  float* values;
+  int32_t* positions;
+  __device__ void operator()(int64_t i, long long position) const {
+    positions[position] = static_cast<int32_t>(offset + i);
+    values[position] = p[offset + i];
+  }
+};
+
+// ---- decode ------------------------------------------------------------------
+
+template <Codec kCodec>
+__global__ void DenseDecodeKernel(DeviceGroup group, float* const* outputs, const uint8_t* rows,
+                                  int64_t num_rows, int64_t row_bytes, int64_t levels, int bits,
+                                  const int32_t* nonfinite) {
+  Cursor c;
+  const float divisor = static_cast<float>(num_rows);
+  const float levels_f = static_cast<float>(levels);
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    c.Seek(group, i);
+    float result;
+    if (kCodec == kNone) {
+      result = reinterpret_cast<const float*>(rows)[i];
+    } else if (kCodec == kFp16) {
+      result = __half2float(reinterpret_cast<const __half*>(rows)[i]);
+    } else if (kCodec == kSignsgd) {
+      int64_t votes = 0;
+      for (int64_t w = 0; w < num_rows; ++w) votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
+      result = votes >= 0 ? 1.0f : -1.0f;
+    } else {
+      float total = 0.0f;
+      for (int64_t w = 0; w < num_rows; ++w) {
+        const uint8_t* row = rows + w * row_bytes;
+        float v;
+        if (kCodec == kOnebit) {
+          v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
+        } else if (kCodec == kEfsignsgd) {
+          const float scale = LoadFloat(row);
+          v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
+        } else if (kCodec == kQsgd) {
+          const float unit = __fdiv_rn(LoadFloat(row), levels_f);
+          v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
+                                           static_cast<int32_t>(levels)),
+                        unit);
+        } else {  // kTerngrad
+          const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
+          v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
+        }
+        total = w == 0 ? v : __fadd_rn(total, v);
+      }
+      result = __fdiv_rn(total, divisor);
+    }
+    outputs[c.t][i - c.begin] = nonfinite[c.t] ? __int_as_float(0x7fc00000) : result;
+  });
+}
+
+__global__ void FillKernel(DeviceGroup group, float* const* outputs) {
+  Cursor c;
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    c.Seek(group, i);
+    outputs[c.t][i - c.begin] = 0.0f;
+  });
+}
+
+// Adds one row's k slots (topk/dgc) into the outputs. Within a row indices
+// are distinct except dgc's padding slots, which add 0: the atomics do not
+// make the sum order-dependent. An index outside the group sets *bad_index.
+__global__ void ScatterAddKernel(DeviceGroup group, float* const* outputs, const uint8_t* row,
+                                 int64_t k, int32_t* bad_index) {
+  const float* values = reinterpret_cast<const float*>(row);
+  const int32_t* indices = reinterpret_cast<const int32_t*>(row + 4 * k);
+  gpu::ForEachIndex(k, [&](int64_t slot) {
+    const int64_t index = indices[slot];
+    if (index < 0 || index >= group.total) {
+      *bad_index = 1;
+      return;
+    }
+    const int64_t t = group.TensorAt(index);
+    atomicAdd(outputs[t] + (index - group.offsets[t]), values[slot]);
+  });
+}
+
+// Random-k: output[position] = value (scaled), as the CPU assigns.
+__global__ void ScatterAssignKernel(DeviceGroup group, float* const* outputs, const float* values,
+                                    const int32_t* positions, int64_t slots,
+                                    const int64_t* tensor_k, int scale, int32_t* bad_index) {
+  gpu::ForEachIndex(slots, [&](int64_t slot) {
+    const int64_t index = positions[slot];
+    if (index < 0 || index >= group.total) {
+      *bad_index = 1;
+      return;
+    }
+    const int64_t t = group.TensorAt(index);
+    const float value =
+        scale ? __fmul_rn(values[slot], RandomkScale(group, tensor_k, 1, t)) : values[slot];
+    outputs[t][index - group.offsets[t]] = value;
+  });
+}
+
+// Divides by the number of rows (when more than one) and fills marked tensors with NaN.
+__global__ void FinishKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
+                             const int32_t* nonfinite) {
+  Cursor c;
+  const float divisor = static_cast<float>(num_rows);
+  gpu::ForEachIndex(group.total, [&](int64_t i) {
+    c.Seek(group, i);
+    float* out = outputs[c.t] + (i - c.begin);
+    if (nonfinite[c.t]) {
+      *out = __int_as_float(0x7fc00000);
+    } else if (num_rows > 1) {
+      *out = __fdiv_rn(*out, divisor);
+    }
+  });
+}
+
+// ---- host side -------------------------------------------------------------------
+
+constexpr int64_t kAlign = 256;
+inline int64_t Aligned(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Workspace: [head: any_nonfinite, bad_index] [flags: int32 per tensor]
+// [reduction partials] [p: float32 per element, sparse codecs] [selection].
+struct Workspace {
+  int32_t* head;
+  int32_t* flags;
+  double* partials;
+  float* p;
+  void* select;
+};
+
+struct Checked {
+  Codec codec;
+  int64_t num_tensors;
+  int64_t total;
+  int64_t payload_bytes;
+  int64_t row_bytes;
+  int64_t context_size;
+  int64_t max_size;
+};
+
+// Validates the arguments; false for anything the launchers cannot run.
+bool Check(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, Checked* out) {
+  if (codec == nullptr || group == nullptr || group->host_offsets == nullptr) return false;
+  if (!LookUp(codec->name, &out->codec)) return false;
+  if (codec->memory < MERGECOMP_MEMORY_NONE || codec->memory > MERGECOMP_MEMORY_DGC) return false;
+  if (codec->marker_bytes != 1 && codec->marker_bytes != 2 && codec->marker_bytes != 4) return false;
+  if (group->num_tensors < 0 || group->host_offsets[0] != 0) return false;
+  out->num_tensors = group->num_tensors;
+  out->max_size = 0;
+  for (int64_t t = 0; t < group->num_tensors; ++t) {
+    const int64_t size = group->host_offsets[t + 1] - group->host_offsets[t];
+    if (size < 0) return false;
+    out->max_size = size > out->max_size ? size : out->max_size;
+  }
+  out->total = group->host_offsets[group->num_tensors];
+  const int64_t n = out->total;
+  out->context_size = 0;
+  switch (out->codec) {
+    case kNone: out->payload_bytes = payload_size::None(n); break;
+    case kFp16: out->payload_bytes = payload_size::Fp16(n); break;
+    case kSignsgd: out->payload_bytes = payload_size::Signsgd(n); break;
+    case kOnebit: out->payload_bytes = payload_size::Onebit(n); break;
+    case kEfsignsgd: out->payload_bytes = payload_size::Efsignsgd(n); break;
+    case kQsgd:
+      if (codec->levels < 1 || codec->levels > (int64_t{1} << 20)) return false;
+      out->payload_bytes = payload_size::Qsgd(n, codec->levels);
+      break;
+    case kTerngrad: out->payload_bytes = payload_size::Terngrad(n); break;
+    case kTopk:
+    case kDgc:
+      if (codec->k < 0 || codec->k > n || n > INT32_MAX) return false;
+      if (out->codec == kDgc && codec->k > 0 && codec->sample_size < 1) return false;
+      out->payload_bytes = payload_size::Sparse(codec->k);
+      break;
+    case kRandomk: {
+      if (codec->host_tensor_k == nullptr || n > INT32_MAX) return false;
+      int64_t slots = 0;
+      for (int64_t t = 0; t < group->num_tensors; ++t) {
+        const int64_t k = codec->host_tensor_k[t];
+        if (k < 0 || k > group->host_offsets[t + 1] - group->host_offsets[t]) return false;
+        slots += k;
+      }
+      out->context_size = slots;
+      out->payload_bytes = payload_size::Randomk(slots);
+      break;
+    }
+  }
+  out->row_bytes =
+      out->payload_bytes + payload_size::Markers(group->num_tensors, codec->marker_bytes);
+  return true;
+}
+
+int64_t SelectBytes(const MergecompGpuCodec* codec, const Checked& c) {
+  switch (c.codec) {
+    case kTopk: return static_cast<int64_t>(mergecomp_topk_workspace_bytes(c.total));
+    case kDgc:
+      return static_cast<int64_t>(mergecomp_dgc_workspace_bytes(c.total, codec->sample_size));
+    case kRandomk: return static_cast<int64_t>(gpu_select::WorkspaceBytes(c.max_size));
+    default: return 0;
+  }
+}
+
+int64_t WorkspaceBytes(const MergecompGpuCodec* codec, const Checked& c) {
+  return kAlign + Aligned(4 * c.num_tensors) + Aligned(gpu::kScratchBytes) +
+         (IsSparse(c.codec) ? Aligned(4 * c.total) : 0) + Aligned(SelectBytes(codec, c));
+}
+
+Workspace Carve(void* base, const Checked& c) {
+  char* p = static_cast<char*>(base);
+  Workspace ws;
+  ws.head = reinterpret_cast<int32_t*>(p);
+  p += kAlign;
+  ws.flags = reinterpret_cast<int32_t*>(p);
+  p += Aligned(4 * c.num_tensors);
+  ws.partials = reinterpret_cast<double*>(p);
+  p += Aligned(gpu::kScratchBytes);
+  ws.p = reinterpret_cast<float*>(p);
+  if (IsSparse(c.codec)) p += Aligned(4 * c.total);
+  ws.select = p;
+  return ws;
+}
+
+DeviceGroup MakeDeviceGroup(const MergecompGpuGroup* group, const Checked& c) {
+  return DeviceGroup{c.num_tensors, c.total, group->offsets};
+}
+
+#define MERGECOMP_RETURN_IF_ERROR(expr)         \
+  do {                                          \
+    const int error_ = static_cast<int>(expr);  \
+    if (error_ != 0) return error_;             \
+  } while (0)
+
+template <Codec kCodec>
+int EncodeDense(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
+                DeviceMemory memory, const Workspace& ws, int64_t seed, uint8_t* row,
+                cudaStream_t stream) {
+  if (kCodec == kOnebit || kCodec == kEfsignsgd || kCodec == kQsgd || kCodec == kTerngrad) {
+    // Launched also for an empty group: the header is written either way.
+    const int grid = gpu::ReduceGridFor(c.total);
+    ReduceKernel<kCodec><<<grid, kThreads, 0, stream>>>(group, memory, ws.partials);
+    HeaderKernel<kCodec><<<1, kThreads, 0, stream>>>(ws.partials, grid, c.total, row);
+    MERGECOMP_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  CodeParams params{MakeSeedKey(seed), codec->levels,
+                    kCodec == kQsgd ? QsgdCodeBits(codec->levels) : 0};
+  const int64_t items = (c.total + ItemElements<kCodec>() - 1) / ItemElements<kCodec>();
+  return gpu::LaunchOver(items, stream, CodesKernel<kCodec>, group, memory, params, row);
+}
+
+int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_group,
+                 const Checked& c, DeviceGroup group, DeviceMemory memory, const Workspace& ws,
+                 int64_t seed, uint8_t* row, int32_t* codec_context, cudaStream_t stream) {
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, CompensateKernel, group, memory, ws.p));
+  const float* values = reinterpret_cast<const float*>(row);
+  int64_t slots = 0;
+  const int32_t* indices = nullptr;
+  if (c.codec == kTopk) {
+    MERGECOMP_RETURN_IF_ERROR(
+        mergecomp_topk_encode_gpu(ws.p, c.total, codec->k, row, ws.select, stream));
+    slots = codec->k;
+    indices = reinterpret_cast<const int32_t*>(row + 4 * slots);
+  } else if (c.codec == kDgc) {
+    MERGECOMP_RETURN_IF_ERROR(mergecomp_dgc_encode_gpu(ws.p, c.total, seed, codec->k,
+                                                          codec->sample_size, row, ws.select,
+                                                          stream));
+    slots = codec->k;
+    indices = reinterpret_cast<const int32_t*>(row + 4 * slots);
+  } else {
+    // One selection per tensor (k_i of n_i, seed TensorSeed(seed, i)), as the
+    // CPU draws; the only pass still launched per tensor.
+    float* out_values = reinterpret_cast<float*>(row);
+    for (int64_t t = 0; t < c.num_tensors; ++t) {
+      const int64_t k = codec->host_tensor_k[t];
+      const int64_t offset = host_group->host_offsets[t];
+      const int64_t n = host_group->host_offsets[t + 1] - offset;
+      if (k > 0) {
+        gpu_select::Workspace select(ws.select, n);
+        gpu_select::RandomBitsKey key{MakeSeedKey(TensorSeed(seed, t))};
+        gpu_select::LaunchSelect(n, k, key, select, stream);
+        gpu_select::LaunchEmit(n, key,
+                               RandomkEmit{ws.p, offset, out_values + slots, codec_context + slots},
+                               select, stream);
+        MERGECOMP_RETURN_IF_ERROR(cudaGetLastError());
+      }
+      slots += k;
+    }
+    indices = codec_context;
+  }
+  if (memory.kind != MERGECOMP_MEMORY_RESIDUAL && memory.kind != MERGECOMP_MEMORY_DGC) return 0;
+  return gpu::LaunchOver(slots, stream, CorrectSentKernel, group, memory, slots, values, indices,
+                         c.codec == kRandomk ? codec->tensor_k : nullptr, codec->scale);
+}
+
+template <Codec kCodec>
+int DecodeDense(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
+                float* const* outputs, const uint8_t* rows, int64_t num_rows,
+                const int32_t* nonfinite, cudaStream_t stream) {
+  const int bits = kCodec == kQsgd ? QsgdCodeBits(codec->levels) : 0;
+  return gpu::LaunchOver(c.total, stream, DenseDecodeKernel<kCodec>, group, outputs, rows,
+                         num_rows, c.row_bytes, codec->levels, bits, nonfinite);
+}
+
+// Waits for the stream and reports a bad index found by the scatter kernels.
+int BadIndexResult(const int32_t* bad_index, cudaStream_t stream) {
+  int32_t found = 0;
+  MERGECOMP_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&found, bad_index, sizeof(found), cudaMemcpyDeviceToHost, stream));
+  MERGECOMP_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return found ? MERGECOMP_GPU_BAD_INDEX : 0;
+}
+
+int DecodeSparse(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
+                 float* const* outputs, const uint8_t* rows, int64_t num_rows,
+                 const int32_t* codec_context, const int32_t* nonfinite, const Workspace& ws,
+                 cudaStream_t stream) {
+  int32_t* bad_index = ws.head + 1;
+  MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(bad_index, 0, sizeof(int32_t), stream));
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, FillKernel, group, outputs));
+  int64_t effective_rows = num_rows;
+  if (c.codec == kRandomk) {
+    // The averaged row of an allreduce: values at this group's own positions.
+    effective_rows = 1;
+    MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(
+        c.context_size, stream, ScatterAssignKernel, group, outputs,
+        reinterpret_cast<const float*>(rows), codec_context, c.context_size, codec->tensor_k,
+        codec->scale, bad_index));
+  } else {
+    // One launch per row: rows add in worker order, as on the CPU.
+    for (int64_t w = 0; w < num_rows; ++w) {
+      MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(codec->k, stream, ScatterAddKernel, group,
+                                                outputs, rows + w * c.row_bytes, codec->k,
+                                                bad_index));
+    }
+  }
+  MERGECOMP_RETURN_IF_ERROR(
+      gpu::LaunchOver(c.total, stream, FinishKernel, group, outputs, effective_rows, nonfinite));
+  return BadIndexResult(bad_index, stream);
+}
+
+}  // namespace group_gpu
+}  // namespace tf_mergecomp
+
+using namespace tf_mergecomp::group_gpu;  // NOLINT: the C entry points below
+namespace gpu = tf_mergecomp::gpu;
+
+extern "C" int64_t mergecomp_group_payload_bytes(const MergecompGpuCodec* codec,
+                                                 const MergecompGpuGroup* group) {
+  Checked c;
+  return Check(codec, group, &c) ? c.payload_bytes : -1;
+}
+
+extern "C" int64_t mergecomp_group_row_bytes(const MergecompGpuCodec* codec,
+                                             const MergecompGpuGroup* group) {
+  Checked c;
+  return Check(codec, group, &c) ? c.row_bytes : -1;
+}
+
+extern "C" int64_t mergecomp_group_context_size(const MergecompGpuCodec* codec,
+                                                const MergecompGpuGroup* group) {
+  Checked c;
+  return Check(codec, group, &c) ? c.context_size : -1;
+}
+
+extern "C" int64_t mergecomp_group_workspace_bytes(const MergecompGpuCodec* codec,
+                                                   const MergecompGpuGroup* group) {
+  Checked c;
+  return Check(codec, group, &c) ? WorkspaceBytes(codec, c) : -1;
+}
+
+extern "C" int mergecomp_group_encode_gpu(const MergecompGpuCodec* codec,
+                                          const MergecompGpuGroup* group, int64_t seed,
+                                          uint8_t* row, int32_t* codec_context, void* workspace,
+                                          void* stream_ptr) {
+  Checked c;
+  if (!Check(codec, group, &c)) return MERGECOMP_GPU_BAD_ARGUMENT;
+  if (codec->memory != MERGECOMP_MEMORY_NONE && c.num_tensors > 0 && group->state == nullptr) {
+    return MERGECOMP_GPU_BAD_ARGUMENT;
+  }
+  if (c.codec == kRandomk && c.num_tensors > 0 && codec->tensor_k == nullptr) {
+    return MERGECOMP_GPU_BAD_ARGUMENT;
+  }
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const Workspace ws = Carve(workspace, c);
+  MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(ws.head, 0, kAlign + Aligned(4 * c.num_tensors), stream));
+  const DeviceGroup device_group = MakeDeviceGroup(group, c);
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, NonFiniteKernel, device_group,
+                                            group->inputs, ws.flags, ws.head));
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.num_tensors, stream, MarkersKernel, c.num_tensors,
+                                            static_cast<const int32_t*>(ws.flags),
+                                            static_cast<int>(codec->marker_bytes),
+                                            row + c.payload_bytes));
+  const DeviceMemory memory{codec->memory, codec->decay, codec->gradient_scale, group->inputs,
+                            group->state,  ws.flags,     ws.head};
+  switch (c.codec) {
+    case kNone: return EncodeDense<kNone>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kFp16: return EncodeDense<kFp16>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kSignsgd:
+      return EncodeDense<kSignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kOnebit:
+      return EncodeDense<kOnebit>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kEfsignsgd:
+      return EncodeDense<kEfsignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kQsgd: return EncodeDense<kQsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kTerngrad:
+      return EncodeDense<kTerngrad>(codec, c, device_group, memory, ws, seed, row, stream);
+    default:
+      return EncodeSparse(codec, group, c, device_group, memory, ws, seed, row, codec_context,
+                          stream);
+  }
+}
+
+extern "C" int mergecomp_group_decode_gpu(const MergecompGpuCodec* codec,
+                                          const MergecompGpuGroup* group, const uint8_t* rows,
+                                          int64_t num_rows, const int32_t* codec_context,
+                                          int32_t* nonfinite, void* workspace,
+                                          void* stream_ptr) {
+  Checked c;
+  if (!Check(codec, group, &c) || num_rows < 1) return MERGECOMP_GPU_BAD_ARGUMENT;
+  if (c.codec == kRandomk && c.num_tensors > 0 && codec->tensor_k == nullptr) {
+    return MERGECOMP_GPU_BAD_ARGUMENT;
+  }
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const Workspace ws = Carve(workspace, c);
+  const DeviceGroup device_group = MakeDeviceGroup(group, c);
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.num_tensors, stream, FlagsFromMarkersKernel,
+                                            c.num_tensors, rows, num_rows, c.row_bytes,
+                                            c.payload_bytes,
+                                            static_cast<int>(codec->marker_bytes), nonfinite));
+  const int32_t* flags = nonfinite;
+  float* const* outputs = group->outputs;
+  switch (c.codec) {
+    case kNone:
+      return DecodeDense<kNone>(codec, c, device_group, outputs, rows, num_rows, flags, stream);
+    case kFp16:
+      return DecodeDense<kFp16>(codec, c, device_group, outputs, rows, num_rows, flags, stream);
+    case kSignsgd:
+      return DecodeDense<kSignsgd>(codec, c, device_group, outputs, rows, num_rows, flags, stream);
+    case kOnebit:
+      return DecodeDense<kOnebit>(codec, c, device_group, outputs, rows, num_rows, flags, stream);
+    case kEfsignsgd:
+      return DecodeDense<kEfsignsgd>(codec, c, device_group, outputs, rows, num_rows, flags,
+                                     stream);
+    case kQsgd:
+      return DecodeDense<kQsgd>(codec, c, device_group, outputs, rows, num_rows, flags, stream);
+    case kTerngrad:
+      return DecodeDense<kTerngrad>(codec, c, device_group, outputs, rows, num_rows, flags,
+                                    stream);
+    default:
+      return DecodeSparse(codec, c, device_group, outputs, rows, num_rows, codec_context, flags,
+                          ws, stream);
+  }
+}
+
+extern "C" const char* mergecomp_group_error_string(int code) {
+  if (code == MERGECOMP_GPU_BAD_INDEX) {
+    return "a sparse payload holds an index outside the group";
+  }
+  if (code == MERGECOMP_GPU_BAD_ARGUMENT) {
+    return "bad arguments (unknown codec or memory, k or levels out of range, missing tables); "
+           "codecs: none, fp16, signsgd, onebit, efsignsgd, qsgd, terngrad, topk, dgc, randomk";
+  }
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+extern "C" const char* mergecomp_group_codec_names(void) {
+  return "none,fp16,signsgd,onebit,efsignsgd,qsgd,terngrad,topk,dgc,randomk";
+}

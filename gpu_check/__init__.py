@@ -1,0 +1,6 @@
+"""Framework-free GPU check of the CUDA codec launchers (``make gpu-check``).
+
+Needs nvcc, and for the device checks CuPy and a GPU; never TensorFlow,
+Horovod or the project's venv. ``launchers`` builds and binds the library,
+``bench`` times the group codecs.
+"""

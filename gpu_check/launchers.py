@@ -1,0 +1,246 @@
+"""Builds the CUDA launchers (every ``custom_ops/**/*_gpu.cu.cc``) into one
+shared library with one nvcc invocation and binds their ``extern "C"`` entry
+points with ctypes.
+
+Nothing here imports CuPy or TensorFlow at module level: building, the symbol
+list and the argument structs work on a machine with nvcc and no GPU.
+``DeviceGroup`` (CuPy) lays a list of tensors out as the group launchers'
+device tables.
+
+    python3 gpu_check/launchers.py [--out build/gpu_check/libmergecomp_gpu.so]
+"""
+
+import argparse
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OPS = ROOT / "custom_ops"
+DEFAULT_LIBRARY = ROOT / "build" / "gpu_check" / "libmergecomp_gpu.so"
+
+# Every extern "C" launcher the library must export (group_gpu_launchers.h,
+# dense_gpu_launchers.h, sparse_gpu_launchers.h, powersgd_gpu_launchers.h).
+GROUP_SYMBOLS = [
+    "mergecomp_group_payload_bytes", "mergecomp_group_row_bytes", "mergecomp_group_context_size",
+    "mergecomp_group_workspace_bytes", "mergecomp_group_encode_gpu", "mergecomp_group_decode_gpu",
+    "mergecomp_group_error_string", "mergecomp_group_codec_names",
+]
+DENSE_SYMBOLS = ["mergecomp_dense_scratch_bytes"] + [
+    "mergecomp_%s_%s_gpu" % (codec, way)
+    for codec in ("fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad")
+    for way in ("encode", "decode")
+]
+SPARSE_SYMBOLS = [
+    "mergecomp_topk_workspace_bytes", "mergecomp_topk_encode_gpu",
+    "mergecomp_sparse_scatter_mean_gpu", "mergecomp_dgc_workspace_bytes",
+    "mergecomp_dgc_encode_gpu", "mergecomp_randomk_workspace_bytes",
+    "mergecomp_randomk_indices_gpu",
+]
+POWERSGD_SYMBOLS = ["mergecomp_grouped_matmul_gpu"]
+EXPECTED_SYMBOLS = GROUP_SYMBOLS + DENSE_SYMBOLS + SPARSE_SYMBOLS + POWERSGD_SYMBOLS
+
+# The group codecs (the CPU GroupCodec registry's names).
+GROUP_CODECS = ["none", "fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad", "topk",
+                "dgc", "randomk"]
+MEMORIES = {"none": 0, "residual": 1, "momentum": 2, "dgc": 3}
+BAD_INDEX = 10001
+BAD_ARGUMENT = 10002
+
+
+def sources():
+    return sorted(OPS.rglob("*_gpu.cu.cc"))
+
+
+def find_nvcc():
+    """nvcc from $NVCC, PATH or /usr/local/cuda/bin, else None."""
+    for candidate in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def build_command(nvcc, out, arch=None, optimize="-O3"):
+    command = [nvcc, "-std=c++17", "-shared", "-Xcompiler", "-fPIC", optimize, "-o", str(out),
+               "-I" + str(OPS)]
+    if arch:
+        command.append("-arch=" + arch)
+    return command + ["-x", "cu"] + [str(s) for s in sources()]
+
+
+def _stale(out):
+    if not out.exists():
+        return True
+    built = out.stat().st_mtime
+    inputs = sources() + list(OPS.rglob("*.h")) + [Path(__file__)]
+    return any(p.stat().st_mtime > built for p in inputs)
+
+
+def build(out=DEFAULT_LIBRARY, nvcc=None, arch=None, optimize="-O3", force=False):
+    """Builds the library at `out` unless it is newer than every source.
+
+    arch: nvcc's -arch (e.g. "native", "sm_90"); default $MERGECOMP_CUDA_ARCH,
+    else "native" when nvidia-smi is present (a GPU host), else nvcc's default.
+    """
+    out = Path(out)
+    if not force and not _stale(out):
+        return out
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (set NVCC or put it on PATH)")
+    if arch is None:
+        arch = os.environ.get("MERGECOMP_CUDA_ARCH") or (
+            "native" if shutil.which("nvidia-smi") else None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    result = subprocess.run(build_command(nvcc, partial, arch, optimize), capture_output=True,
+                            text=True)
+    if result.returncode != 0 and arch == "native":
+        # An nvcc that cannot query the device: its default architecture (PTX is JIT-compiled).
+        result = subprocess.run(build_command(nvcc, partial, None, optimize), capture_output=True,
+                                text=True)
+    if result.returncode != 0:
+        raise RuntimeError("nvcc failed:\n" + result.stderr[-4000:])
+    partial.replace(out)
+    return out
+
+
+def exported_symbols(library):
+    """The dynamic symbols `library` defines (nm -D)."""
+    listing = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True,
+                             text=True, check=True).stdout
+    return {line.split()[-1] for line in listing.splitlines() if line.strip()}
+
+
+class GpuGroup(ctypes.Structure):
+    """MergecompGpuGroup (group_gpu_launchers.h)."""
+    _fields_ = [("num_tensors", ctypes.c_int64), ("host_offsets", ctypes.POINTER(ctypes.c_int64)),
+                ("offsets", ctypes.c_void_p), ("inputs", ctypes.c_void_p),
+                ("outputs", ctypes.c_void_p), ("state", ctypes.c_void_p)]
+
+
+class GpuCodec(ctypes.Structure):
+    """MergecompGpuCodec (group_gpu_launchers.h)."""
+    _fields_ = [("name", ctypes.c_char_p), ("memory", ctypes.c_int32), ("decay", ctypes.c_float),
+                ("gradient_scale", ctypes.c_float), ("marker_bytes", ctypes.c_int32),
+                ("scale", ctypes.c_int32), ("levels", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("sample_size", ctypes.c_int64),
+                ("host_tensor_k", ctypes.POINTER(ctypes.c_int64)), ("tensor_k", ctypes.c_void_p)]
+
+
+class GpuMatrices(ctypes.Structure):
+    """MergecompGpuMatrices (powersgd_gpu_launchers.h)."""
+    _fields_ = [("count", ctypes.c_int64), ("host_c_offsets", ctypes.POINTER(ctypes.c_int64))] + [
+        (name, ctypes.c_void_p) for name in ("c_offsets", "m", "k", "r", "a_offsets", "b_offsets")]
+
+
+def load(path=DEFAULT_LIBRARY):
+    """The library at `path` with argument and result types declared."""
+    lib = ctypes.CDLL(str(path))
+    P, I64, INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    group, codec = ctypes.POINTER(GpuGroup), ctypes.POINTER(GpuCodec)
+    for name in ("payload_bytes", "row_bytes", "context_size", "workspace_bytes"):
+        fn = getattr(lib, "mergecomp_group_" + name)
+        fn.argtypes, fn.restype = [codec, group], I64
+    lib.mergecomp_group_encode_gpu.argtypes = [codec, group, I64, P, P, P, P]
+    lib.mergecomp_group_encode_gpu.restype = INT
+    lib.mergecomp_group_decode_gpu.argtypes = [codec, group, P, I64, P, P, P, P]
+    lib.mergecomp_group_decode_gpu.restype = INT
+    lib.mergecomp_group_error_string.argtypes, lib.mergecomp_group_error_string.restype = (
+        [INT], ctypes.c_char_p)
+    lib.mergecomp_group_codec_names.restype = ctypes.c_char_p
+    lib.mergecomp_dense_scratch_bytes.restype = I64
+    lib.mergecomp_grouped_matmul_gpu.argtypes = [ctypes.POINTER(GpuMatrices), P, INT, P, P, P]
+    lib.mergecomp_grouped_matmul_gpu.restype = INT
+    return lib
+
+
+class LauncherError(RuntimeError):
+    def __init__(self, lib, what, code):
+        self.code = code
+        message = lib.mergecomp_group_error_string(code).decode()
+        super().__init__("%s failed with code %d: %s" % (what, code, message))
+
+
+def make_codec(name, memory="none", decay=0.0, gradient_scale=1.0, marker_bytes=1, scale=False,
+               levels=0, k=0, sample_size=0, tensor_k=None):
+    """A GpuCodec plus the arrays it points to (keep the returned tuple alive).
+
+    tensor_k: random-k's k_i per tensor (host list); its device copy is made
+    by DeviceGroup.bind.
+    """
+    codec = GpuCodec(name=name.encode(), memory=MEMORIES[memory], decay=decay,
+                     gradient_scale=gradient_scale, marker_bytes=marker_bytes, scale=int(scale),
+                     levels=levels, k=k, sample_size=sample_size)
+    host_k = None
+    if tensor_k is not None:
+        host_k = (ctypes.c_int64 * max(1, len(tensor_k)))(*tensor_k)
+        codec.host_tensor_k = ctypes.cast(host_k, ctypes.POINTER(ctypes.c_int64))
+    return codec, host_k
+
+
+class DeviceGroup:
+    """A group of float32 CuPy tensors as MergecompGpuGroup tables.
+
+    sizes: element counts; inputs/outputs/state: lists of CuPy float32 arrays
+    (state may be None for memory none).
+    """
+
+    def __init__(self, cp, sizes, inputs=None, outputs=None, state=None):
+        import numpy as np
+
+        self.cp = cp
+        self.sizes = [int(s) for s in sizes]
+        self.host_offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self._host_offsets_c = (ctypes.c_int64 * len(self.host_offsets))(*self.host_offsets)
+        self.offsets = cp.asarray(self.host_offsets)
+        self.inputs = inputs
+        self.outputs = outputs
+        self.state = state
+        self._tables = {}
+        self.struct = GpuGroup(
+            num_tensors=len(self.sizes),
+            host_offsets=ctypes.cast(self._host_offsets_c, ctypes.POINTER(ctypes.c_int64)),
+            offsets=self.offsets.data.ptr,
+            inputs=self._table("inputs", inputs), outputs=self._table("outputs", outputs),
+            state=self._table("state", state))
+
+    def _table(self, key, arrays):
+        if arrays is None:
+            return None
+        # Empty tensors still get a valid pointer (never dereferenced).
+        pointers = [a.data.ptr for a in arrays]
+        table = self.cp.asarray(self.cp.array(pointers, dtype=self.cp.uint64))
+        self._tables[key] = table
+        return table.data.ptr
+
+    def bind(self, codec_pair):
+        """Uploads random-k's tensor_k and sets codec.tensor_k; returns the codec."""
+        codec, host_k = codec_pair
+        if host_k is not None:
+            self._tables["tensor_k"] = self.cp.asarray(
+                [host_k[i] for i in range(len(self.sizes))], dtype=self.cp.int64)
+            codec.tensor_k = self._tables["tensor_k"].data.ptr
+        return codec
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(DEFAULT_LIBRARY))
+    parser.add_argument("--arch", default=None, help="nvcc -arch (default: native on a GPU host)")
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    path = build(args.out, arch=args.arch, force=args.force)
+    missing = sorted(set(EXPECTED_SYMBOLS) - exported_symbols(path))
+    if missing:
+        print("missing launchers: " + ", ".join(missing), file=sys.stderr)
+        return 1
+    print("built %s (%d launchers)" % (path, len(EXPECTED_SYMBOLS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
