@@ -1,4 +1,4 @@
-"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate} [options]; see --help of each."""
+"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate,validate} [options]; see --help of each."""
 
 import argparse
 import importlib
@@ -161,6 +161,15 @@ def build_parser():
     sim.add_argument("--out", default=None, help="also write simulate.{md,json,png} here")
     sim.add_argument("--name", default="simulate", help="file name stem under --out")
 
+    val = commands.add_parser(
+        "validate", help="measured (bench cluster) vs simulated step times (bench simulate)")
+    val.add_argument("--cluster", type=_csv(str), required=True,
+                     help="comma-separated cluster run folders (or their cluster.json)")
+    val.add_argument("--profiles", type=_csv(str), required=True,
+                     help="comma-separated MODEL=PROFILE.json pairs")
+    val.add_argument("--latency", default=None, help="seconds per ring step (default 25us)")
+    val.add_argument("--out", default=None, help="also write validate.{md,json} here")
+
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
     parity.add_argument("--algorithms", type=_algorithms, default=[n for n in NAMES if n != "none"])
     parity.add_argument("--epochs", type=int, default=8)
@@ -227,6 +236,17 @@ def main(argv=None):
         return _profile(args)
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "validate":
+        from tf_mergecomp.bench import simulate, validate
+
+        try:
+            latency = None if args.latency is None else simulate.parse_latency(args.latency)
+            result = validate.run(args.cluster, args.profiles, latency)
+        except ValueError as error:
+            print("error: %s" % error, file=sys.stderr)
+            return 2
+        _report(validate.table(result["rows"]), result, args.out, "validate")
+        return 0
     from tf_mergecomp.bench import parity
 
     print(parity.run(args))

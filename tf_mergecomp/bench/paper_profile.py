@@ -189,18 +189,151 @@ def build(batch_size=32):
     }
 
 
+def comparison_table(result):
+    from tf_mergecomp.bench import report
+
+    rows = [[r["codec"], "%d -> %d" % (r["paper_layerwise"], r["paper_mergecomp"]),
+             "%+d" % r["paper_gain"],
+             "%.0f -> %.0f" % (r["sim_layerwise"], r["sim_mergecomp"]), "%+.0f" % r["sim_gain"],
+             str(r["sim_groups"]), "%+.0f" % r["gap_layerwise"], "%+.0f" % r["gap_mergecomp"]]
+            for r in sorted(result["rows"], key=lambda r: -r["paper_gain"])]
+    rho = result["gain_rank_correlation"]
+    return "%s\n\nHorovod fp32: paper %d%%, simulated %.0f%%. Rank correlation of the gains " \
+           "(Spearman): %s." % (
+               report.markdown_table(["codec", "paper %", "paper gain", "simulated %",
+                                      "simulated gain", "searched groups",
+                                      "gap layer-wise (points)", "gap MergeComp (points)"], rows),
+               PAPER_PCIE_FP32, result["fp32"], "-" if rho is None else "%.2f" % rho)
+
+
+def compare_all(profile):
+    """The comparison on PCIe, on NVLink, and on the link rate that gives the paper's
+    fp32 scaling (48%) -- one number fitted, stated as such."""
+    networks = profile["networks"]
+    latency = networks["pcie3"]["latency_s"]
+    fitted = bandwidth_for_fp32_scaling(profile, PAPER_PCIE_FP32, latency)
+    return {
+        "pcie3": compare_with_paper(profile, networks["pcie3"]["bandwidth_bytes_per_s"], latency),
+        "nvlink": compare_with_paper(profile, networks["nvlink"]["bandwidth_bytes_per_s"],
+                                     latency, PAPER_NVLINK),
+        "fp32_fitted": dict(compare_with_paper(profile, fitted, latency),
+                            bandwidth_bytes_per_s=fitted),
+    }
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join("docs", "profiles",
                                                       "resnet50_2xv100_paper.json"))
+    parser.add_argument("--compare", default=None, metavar="JSON",
+                        help="compare the profile at --out with the paper's figure instead, "
+                             "and write the comparison to this JSON")
     args = parser.parse_args(argv)
-    from tf_mergecomp.bench.profile import save
+    from tf_mergecomp.bench.profile import load, save
 
+    if args.compare:
+        result = compare_all(load(args.out))
+        for name, title in (("pcie3", "PCIe 3.0"), ("fp32_fitted", "link rate fitted to the "
+                                                    "paper's fp32 scaling")):
+            print("\n%s:\n\n%s" % (title, comparison_table(result[name])))
+        nvlink = result["nvlink"]["rows"][0]
+        print("\nNVLink fp16: paper %d -> %d, simulated %.0f -> %.0f"
+              % (nvlink["paper_layerwise"], nvlink["paper_mergecomp"], nvlink["sim_layerwise"],
+                 nvlink["sim_mergecomp"]))
+        print("fitted link rate: %.2f GB/s" % (result["fp32_fitted"]["bandwidth_bytes_per_s"]
+                                                / 1e9))
+        with open(args.compare, "w") as f:
+            json.dump(result, f, indent=1)
+        return 0
     profile = build()
     save(profile, args.out)
     print("written: %s (%d tensors, step %.1f ms)" % (args.out, len(profile["tensors"]["sizes"]),
                                                       1e3 * profile["compute"]["step_s"]))
     return 0
+
+
+
+# ---- the paper's figure, and the simulator against it -----------------------------------
+
+# Scaling factor (%) on 2 V100s over PCIe, layer-wise -> MergeComp, from the paper's figure.
+PAPER_PCIE = {"fp16": (53, 65), "dgc": (30, 90), "topk": (19, 19), "randomk": (37, 68),
+              "qsgd": (38, 72), "efsignsgd": (41, 84), "signsgd": (48, 88), "onebit": (32, 81),
+              "signum": (40, 84)}
+PAPER_PCIE_FP32 = 48
+PAPER_NVLINK = {"fp16": (91, 99)}
+
+
+def _rank(values):
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # ties share their mean rank
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+def spearman(a, b):
+    import numpy as np
+
+    if len(a) < 2:
+        return None
+    ra, rb = np.asarray(_rank(a)), np.asarray(_rank(b))
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / np.sqrt((ra * ra).sum() * (rb * rb).sum()))
+
+
+def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None):
+    """Per codec: the paper's layer-wise and MergeComp scaling factors (%) and the
+    simulator's (layer-wise, searched) on 2 workers, with the gaps in points."""
+    from tf_mergecomp.bench.simulate import Simulation
+    from tf_mergecomp.step_model import NetworkCosts
+
+    figures = figures or PAPER_PCIE
+    simulation = Simulation(profile)
+    network = NetworkCosts(2, bandwidth_bytes_per_s, latency_s)
+    local = simulation.local_step
+    rows = []
+    for codec, (paper_lw, paper_mc) in figures.items():
+        results, _ = simulation.codec_configs(codec, network)
+        sim_lw = 100 * local / results["layer-wise"][1]
+        sim_mc = 100 * local / results["searched"][1]
+        rows.append({"codec": codec, "paper_layerwise": paper_lw, "paper_mergecomp": paper_mc,
+                     "paper_gain": paper_mc - paper_lw, "sim_layerwise": sim_lw,
+                     "sim_mergecomp": sim_mc, "sim_gain": sim_mc - sim_lw,
+                     "sim_groups": len(results["searched"][0]) + 1,
+                     "gap_layerwise": sim_lw - paper_lw, "gap_mergecomp": sim_mc - paper_mc})
+    fp32 = 100 * local / simulation.horovod("fp32", network)[1]
+    return {"rows": rows, "fp32": fp32,
+            "gain_rank_correlation": spearman([r["paper_gain"] for r in rows],
+                                              [r["sim_gain"] for r in rows])}
+
+
+def bandwidth_for_fp32_scaling(profile, target_percent, latency_s, low=1e7, high=1e12):
+    """The link rate at which the simulated Horovod fp32 scaling factor on 2 workers
+    is ``target_percent`` (bisection in log space)."""
+    import math
+
+    from tf_mergecomp.bench.simulate import Simulation
+    from tf_mergecomp.step_model import NetworkCosts
+
+    simulation = Simulation(profile)
+
+    def scaling(rate):
+        step = simulation.horovod("fp32", NetworkCosts(2, rate, latency_s))[1]
+        return 100 * simulation.local_step / step
+
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        if scaling(middle) < target_percent:
+            low = middle
+        else:
+            high = middle
+    return math.sqrt(low * high)
 
 
 if __name__ == "__main__":
