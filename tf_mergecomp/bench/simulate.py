@@ -295,10 +295,53 @@ def table(result):
         lines.append(report.markdown_table(
             ["codec: speed-up; searched layout; search vs best"]
             + ["%d workers" % c["workers"] for c in cells], summary))
+    lines.append("\nLayer-wise -> searched scaling factor (speed-up), fewest and most workers:\n")
+    lines.append(gains_table(result))
+    best = search_vs_best(result)
+    lines.append("\nSearch vs exhaustive best of <= %d groups over %d (cell, codec) pairs: "
+                 "median %.3f, worst %.3f, best %.3f; %d within 1%%, %d better (4 groups)."
+                 % (result["exhaustive_groups"], best["count"], best["median"], best["max"],
+                    best["min"], best["within_1pct"], best["better"]))
     timing = ", ".join("%s/%dw %.1f s" % (c["bandwidth"], c["workers"], c["simulated_s"])
                        for c in result["cells"])
     lines.append("\nSimulation time per cell: %s." % timing)
     return "\n".join(lines)
+
+
+def gains_table(result, workers=None):
+    """Per codec and bandwidth: layer-wise -> searched scaling factor (speed-up) at
+    the fewest and the most workers simulated (or ``workers``)."""
+    counts = sorted(set(result["workers"]))
+    workers = workers or [counts[0], counts[-1]]
+    headings = ["codec"]
+    for bandwidth in result["bandwidths"]:
+        headings += ["%s, %d w" % (bandwidth, w) for w in workers]
+    cells = {(c["bandwidth"], c["workers"]): c["rows"] for c in result["cells"]}
+    body = []
+    for label in ("horovod fp32", "horovod fp16"):
+        body.append([label] + ["%s" % scaling_text(cells[(b, w)][label]["scaling_factor"])
+                               for b in result["bandwidths"] for w in workers])
+    for codec in result["codecs"]:
+        row = [codec]
+        for bandwidth in result["bandwidths"]:
+            for w in workers:
+                rows = cells[(bandwidth, w)]
+                row.append("%s -> %s (%sx)" % (
+                    scaling_text(rows["%s layer-wise" % codec]["scaling_factor"]),
+                    scaling_text(rows["%s searched" % codec]["scaling_factor"]),
+                    report.fmt(speedup(rows, codec), 3)))
+        body.append(row)
+    return report.markdown_table(headings, body)
+
+
+def search_vs_best(result):
+    """Searched step / exhaustive best of <= 3 groups over every (cell, codec)."""
+    ratios = [c["rows"]["%s searched" % codec]["step_s"] / c["rows"]["%s best <= 3" % codec]["step_s"]
+              for c in result["cells"] for codec in result["codecs"]]
+    return {"median": float(np.median(ratios)), "max": float(max(ratios)),
+            "min": float(min(ratios)), "count": len(ratios),
+            "within_1pct": sum(r <= 1.01 for r in ratios),
+            "better": sum(r < 1 - 1e-9 for r in ratios)}
 
 
 def chart(result, path):
@@ -322,9 +365,11 @@ def chart(result, path):
                      label=label)
         for index, codec in enumerate(result["codecs"]):
             color = colors[index % len(colors)]
+            # past the colour cycle, another marker and line style tell codecs apart
+            style = ("-o", "--s", ":^")[(index // len(colors)) % 3]
             top.plot(workers, [c["rows"]["%s searched" % codec]["scaling_factor"] for c in cells],
-                     "-o", color=color, markersize=3, label=codec)
-            bottom.plot(workers, [speedup(c["rows"], codec) for c in cells], "-o", color=color,
+                     style, color=color, markersize=3, label=codec)
+            bottom.plot(workers, [speedup(c["rows"], codec) for c in cells], style, color=color,
                         markersize=3, label=codec)
         for axis in (top, bottom):
             axis.set_xscale("log", base=2)
