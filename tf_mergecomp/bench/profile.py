@@ -464,10 +464,10 @@ def to_plain_step(profile):
     """Scales the ready times to the plain local step, then sets the tail.
 
     The profiled step (MergeComp's no-op codec in one group, Horovod of size
-    1) runs slower than the plain Keras step on this machine (in the runs of
-    docs/scaling.md by 1.2-1.6x: Horovod's background thread and the
-    profiler's bookkeeping compete for the same 2 cores), while the cluster's
-    ranks run close to the plain step. So the profile keeps the shape of
+    1) runs slower than the plain Keras step on this machine (1.6x for the
+    transformer, 1.9x for ResNet50 in the runs of docs/scaling.md: Horovod's
+    background thread and the profiler's bookkeeping compete for the same 2
+    cores), while the cluster's ranks run close to the plain step. So the profile keeps the shape of
     the ready times (which gradient is ready when, relative to the others)
     and takes the step's length from the plain step. The measured figures
     stay in ``measured_one_group_step_s`` and ``ready_scale``."""

@@ -12,9 +12,11 @@ predictions per row:
 
 - ``profile``: the profile's own compute (recorded on this machine);
 - ``run compute``: the profile's compute times (ready times, tail, local
-  step) scaled to the local compute step the cluster run measured on its
-  ranks (each rank computing alone while the others do the same): the
-  machine is shared, and its load changes between the profile and the run.
+  step), and on a CPU host its codec costs too (they run on the same
+  cores), scaled by the local compute step the cluster run measured on its
+  ranks (each rank computing alone while the others do the same) over the
+  profile's: the machine is shared, and its load changes between the
+  profile and the run.
 
 Error = simulated / measured - 1. The cluster run's repeated configs (the
 "(repeat)" rows: the same config measured twice) give the run's own noise.
@@ -50,7 +52,15 @@ def scaled_profile(profile, local_step_s):
         if key in compute:
             compute[key] = compute[key] * factor
     compute["ready_s"] = [r * factor for r in compute["ready_s"]]
-    return dict(profile, compute=compute)
+    # On a CPU host the codecs run on the same contended cores as backprop.
+    codecs = {}
+    for name, codec in profile["codecs"].items():
+        codec = dict(codec)
+        if profile["placement"]["codec_on_compute"]:
+            for part in ("encode", "collective", "decode"):
+                codec[part] = {key: value * factor for key, value in codec[part].items()}
+        codecs[name] = codec
+    return dict(profile, compute=compute, codecs=codecs)
 
 
 def _predict(simulation, network, row):
