@@ -240,3 +240,36 @@ def test_simulate_command_refuses_bad_input(tmp_path, capsys):
     assert main(["simulate", "--profile", path, "--codecs", "dgc"]) == 2
     assert "not in the profile" in capsys.readouterr().err
     assert main(["simulate", "--profile", str(tmp_path / "missing.json")]) == 2
+
+
+def test_validate_compares_each_measured_config_with_its_simulation():
+    from tf_mergecomp.bench import validate
+
+    profile = tiny_profile()
+    n = len(profile["tensors"]["sizes"])
+
+    def row(label, kind, step, **config):
+        return {"label": label, "config": dict(config, label=label, kind=kind), "step_s": step,
+                "num_groups": None}
+
+    run = {"bandwidth": "1gbit", "groups": [{
+        "model": "tiny", "workers": 2, "compute_step_s": [0.13, 0.13], "rows": [
+            row("horovod fp32", "horovod", 0.1, compression="none"),
+            row("horovod fp32 (repeat)", "horovod", 0.12, compression="none"),
+            row("topk layerwise", "mergecomp", 0.1, algorithm="topk", partition="layerwise"),
+            dict(row("topk searched", "mergecomp", 0.1, algorithm="topk", partition="searched"),
+                 splits=[n // 2]),
+            row("dgc one", "mergecomp", 0.1, algorithm="dgc", partition="one"),  # not profiled
+        ]}]}
+    rows = validate.compare([run], {"tiny": profile})
+    assert [r["label"] for r in rows] == ["horovod fp32", "topk layerwise", "topk searched"]
+    assert rows[0]["repeat_s"] == 0.12
+    simulation = simulate.Simulation(profile)
+    network = NetworkCosts(2, 1.25e8, simulate.DEFAULT_LATENCY_S)
+    model = simulation.model(simulation.codec_costs("topk", network))
+    assert rows[1]["profile"] == pytest.approx(model.step_time(tuple(range(1, n))))
+    assert rows[2]["profile"] == pytest.approx(model.step_time((n // 2,)))
+    assert rows[2]["profile error"] == pytest.approx(rows[2]["profile"] / 0.1 - 1)
+    # the run computed twice as slowly as the profile's local step: its compute is scaled
+    assert rows[2]["run compute"] > rows[2]["profile"]
+    assert "median |error|" in validate.table(rows)
