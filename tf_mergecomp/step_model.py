@@ -32,8 +32,12 @@ Each group's encode, collective and decode seconds come from a cost function
 group bounds. ``LinearGroupCosts`` is a fixed cost per call plus a cost per
 element and per tensor for each part, fitted to measured groups;
 ``MeasuredGroupCosts`` puts measured groups over such a fit. Any other cost
-function with that signature can be used (for example a network model of
-ring allreduce and allgather for W workers).
+function with that signature can be used: ``NetworkGroupCosts`` adds W
+workers' network (``NetworkCosts``: ring allreduce and allgather with their
+latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
+Horovod's fused per-tensor allreduces (``horovod_fusion_layout``), and
+``cycle_s`` makes collectives wait for Horovod's background cycle; the
+simulator (tf_mergecomp/bench/simulate.py) builds on these.
 
 Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
 group, ``(1, ..., N - 1)`` layer-wise. ``StepTimeModel.step_times`` evaluates
