@@ -483,19 +483,11 @@ def to_plain_step(profile):
 
 
 def _tail(profile):
-    """The optimizer update and per-step work: the profiled one-group step (no-op
-    codec, Horovod of size 1) less what the step-time model gives that step
-    without a tail; without the no-op codec's curve, less backprop only."""
+    """The optimizer update and per-step work: the one-group step less backprop.
+    It keeps the one-group step's own (size-1) exchange, so that no config is
+    predicted faster than the local step; every exchange comes on top of it."""
     compute = profile["compute"]
-    ready = compute["ready_s"]
-    if "none" not in profile["codecs"]:
-        return max(0.0, compute["one_group_step_s"] - ready[-1])
-    from tf_mergecomp.bench.simulate import Simulation
-    from tf_mergecomp.step_model import NetworkCosts
-
-    simulation = Simulation(dict(profile, compute=dict(compute, tail_s=0.0)))
-    costs = simulation.codec_costs("none", NetworkCosts(1, 1.0))
-    return max(0.0, compute["one_group_step_s"] - simulation.model(costs, tail=0.0).step_time(()))
+    return max(0.0, compute["one_group_step_s"] - compute["ready_s"][-1])
 
 
 def summary_text(profile):

@@ -136,9 +136,10 @@ class Simulation:
         """(layout, seconds) of Horovod's per-tensor allreduce with tensor fusion."""
         name = self.profile["horovod"][which]
         fit = self.codec_fit(name)
-        if which == "fp32":
+        if which == "fp32" and not self.codec_on_compute:
             # No cast: copying into and out of the fusion buffer runs on
-            # Horovod's own thread, so it is the collective's, not backprop's.
+            # Horovod's own thread, so it is the collective's, not backprop's
+            # (on a CPU host that thread takes the same cores: kept as measured).
             coefficients = fit.coefficients.copy()
             coefficients[1] += coefficients[0] + coefficients[2]
             coefficients[0] = coefficients[2] = 0.0
