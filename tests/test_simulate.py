@@ -273,3 +273,16 @@ def test_validate_compares_each_measured_config_with_its_simulation():
     # the run computed twice as slowly as the profile's local step: its compute is scaled
     assert rows[2]["run compute"] > rows[2]["profile"]
     assert "median |error|" in validate.table(rows)
+
+
+def test_profile_arguments(capsys):
+    from tf_mergecomp.bench.__main__ import build_parser
+
+    args = build_parser().parse_args(["profile", "--model", "resnet50", "--quick",
+                                      "--processes", "2"])
+    assert (args.model, args.quick, args.processes, args.codecs) == ("resnet50", True, 2, None)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["profile", "--model", "lenet"])
+    assert "invalid choice: 'lenet' (choose from" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="valid choices"):
+        profile_module.record("resnet50", codecs=("gzip",))

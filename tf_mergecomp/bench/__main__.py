@@ -128,8 +128,7 @@ def build_parser():
     prof = commands.add_parser(
         "profile", help="one model's step profile on this machine (gradient ready times, "
                         "compute times, codec cost curves) for the simulator")
-    prof.add_argument("--model", type=models.check_model, required=True,
-                      help="one of %s" % ", ".join(models.MODELS))
+    prof.add_argument("--model", choices=models.MODELS, required=True)
     prof.add_argument("--codecs", type=_algorithms, default=None,
                       help="comma-separated; default: all (--quick: %s)"
                            % ",".join(profile_bench.QUICK_CODECS))
