@@ -148,7 +148,8 @@ def build_parser():
                          "(tf_mergecomp/step_model.py)")
     sim.add_argument("--profile", required=True, help="a profile JSON (bench profile, or "
                                                       "docs/profiles/*.json)")
-    sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS))
+    sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS),
+                     help="comma-separated worker counts (default 2,8,64,256)")
     sim.add_argument("--bandwidth", type=_csv(str), default=list(simulate_bench.DEFAULT_BANDWIDTHS),
                      help="comma-separated link rates (1gbit, 400mbit, 12.5GB/s) or networks "
                           "named in the profile (default 1gbit,10gbit,100gbit)")
