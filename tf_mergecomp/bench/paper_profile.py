@@ -175,7 +175,9 @@ def build(batch_size=32):
         "codecs": codecs,
         "placement": {"codec_on_compute": True, "decodes_after_backprop": False},
         "horovod": {"cycle_time_s": HOROVOD_CYCLE_S, "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
-                    "fp32": "none", "fp16": "fp16", "probe_waits_cycle": False},
+                    "fp32": "none", "fp16": "fp16", "probe_waits_cycle": False,
+                    # Horovod copies into its fusion buffer on a CUDA stream of its own.
+                    "fusion_copies_on_compute": False},
         "networks": {
             "pcie3": {"bandwidth_bytes_per_s": PCIE3_BYTES_PER_S,
                       "latency_s": NCCL_STEP_LATENCY_S, "note": "notes [3], [4]"},

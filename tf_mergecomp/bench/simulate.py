@@ -102,6 +102,8 @@ class Simulation:
         # waited about one whole cycle for Horovod's next pass: the model adds
         # the cycle itself (StepTimeModel.cycle_s), so that wait comes out.
         self.probe_waits_cycle = bool(horovod.get("probe_waits_cycle", False))
+        self.fusion_copies_on_compute = bool(horovod.get("fusion_copies_on_compute",
+                                                         self.codec_on_compute))
         self.codecs = profile["codecs"]
 
     # ---- cost functions ----------------------------------------------------
@@ -136,10 +138,11 @@ class Simulation:
         """(layout, seconds) of Horovod's per-tensor allreduce with tensor fusion."""
         name = self.profile["horovod"][which]
         fit = self.codec_fit(name)
-        if which == "fp32" and not self.codec_on_compute:
+        if which == "fp32" and not self.fusion_copies_on_compute:
             # No cast: copying into and out of the fusion buffer runs on
-            # Horovod's own thread, so it is the collective's, not backprop's
-            # (on a CPU host that thread takes the same cores: kept as measured).
+            # Horovod's own thread (a GPU: its own stream), so it is the
+            # collective's, not backprop's. On a CPU host that thread takes
+            # the same cores, and the copies stay where they were measured.
             coefficients = fit.coefficients.copy()
             coefficients[1] += coefficients[0] + coefficients[2]
             coefficients[0] = coefficients[2] = 0.0
