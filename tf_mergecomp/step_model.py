@@ -32,8 +32,12 @@ Each group's encode, collective and decode seconds come from a cost function
 group bounds. ``LinearGroupCosts`` is a fixed cost per call plus a cost per
 element and per tensor for each part, fitted to measured groups;
 ``MeasuredGroupCosts`` puts measured groups over such a fit. Any other cost
-function with that signature can be used (for example a network model of
-ring allreduce and allgather for W workers).
+function with that signature can be used: ``NetworkGroupCosts`` adds W
+workers' network (``NetworkCosts``: ring allreduce and allgather with their
+latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
+Horovod's fused per-tensor allreduces (``horovod_fusion_layout``), and
+``cycle_s`` makes collectives wait for Horovod's background cycle; the
+simulator (tf_mergecomp/bench/simulate.py) builds on these.
 
 Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
 group, ``(1, ..., N - 1)`` layer-wise. ``StepTimeModel.step_times`` evaluates
@@ -162,10 +166,14 @@ class StepTimeModel:
       tail: seconds from the end of the exchange and backprop to the step's end.
       codec_on_compute: whether codec tasks delay backprop (CPU hosts).
       decodes_after_backprop: whether decodes wait for the end of backprop.
+      cycle_s: Horovod's cycle time, or 0. With it, a collective is taken up
+        by the background thread's first pass (every ``cycle_s`` from the
+        step's start) after its encode ends; the collectives of one pass run
+        back to back, so many small ones cost one wait, not one each.
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
-                 decodes_after_backprop=False):
+                 decodes_after_backprop=False, cycle_s=0.0):
         ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
         if ready.ndim != 1 or len(ready) == 0:
             raise ValueError("ready must list at least one gradient's ready time")
@@ -177,6 +185,9 @@ class StepTimeModel:
         self.tail = float(tail)
         self.codec_on_compute = bool(codec_on_compute)
         self.decodes_after_backprop = bool(decodes_after_backprop)
+        if not cycle_s >= 0:
+            raise ValueError("cycle_s must be non-negative seconds, got %r" % (cycle_s,))
+        self.cycle_s = float(cycle_s)
 
     # ------------------------------------------------------------------ public
     def step_time(self, splits):
@@ -216,7 +227,7 @@ class StepTimeModel:
                                                       (layouts, groups))
                                       for p in self.costs(lo, hi))
         rows = np.arange(layouts)
-        state = _State(layouts, groups, record)
+        state = _State(layouts, groups, record, self.cycle_s)
         if self.codec_on_compute:
             self._run_on_compute(state, rows, hi, encode, collective, decode)
         else:
@@ -324,7 +335,10 @@ class StepTimeModel:
         if run_encode.any():
             r = rows[run_encode]
             ge = e[run_encode]
-            collective_start = np.maximum(end[run_encode], s.network_free[run_encode])
+            taken_up = end[run_encode]
+            if s.cycle_s > 0:  # the background thread's next pass
+                taken_up = np.ceil(taken_up / s.cycle_s - 1e-9) * s.cycle_s
+            collective_start = np.maximum(taken_up, s.network_free[run_encode])
             collective_end = collective_start + collective[r, ge]
             s.collective_end[r, ge] = collective_end
             s.network_free[run_encode] = collective_end
@@ -344,7 +358,8 @@ class StepTimeModel:
 
 
 class _State:
-    def __init__(self, layouts, groups, record):
+    def __init__(self, layouts, groups, record, cycle_s=0.0):
+        self.cycle_s = cycle_s
         self.next_encode = np.zeros(layouts, np.int64)
         self.next_decode = np.zeros(layouts, np.int64)
         self.collective_end = np.full((layouts, groups), _INF)
@@ -442,3 +457,174 @@ def _all_layouts(n, cuts, chunk):
             pending, size = [], 0
     if pending:
         yield np.concatenate(pending)
+
+
+# ----------------------------------------------------------------- the network
+ALLREDUCE = "allreduce"
+ALLGATHER = "allgather"
+COLLECTIVE_KINDS = (ALLREDUCE, ALLGATHER)
+HOROVOD_FUSION_BYTES = 64 * 2**20  # HOROVOD_FUSION_THRESHOLD's default
+HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default (1 ms)
+
+
+class NetworkCosts:
+    """Seconds of one collective on ``workers`` workers joined in a ring.
+
+    Each worker's link moves ``bandwidth`` bytes per second each way, and each
+    of a ring's steps costs ``latency`` seconds more. For ``nbytes`` per worker:
+
+      ring allreduce  2 (W - 1) / W * nbytes / bandwidth + 2 (W - 1) * latency
+                      (reduce-scatter, then allgather, W - 1 steps each)
+      allgather       (W - 1) * nbytes / bandwidth + (W - 1) * latency
+                      (every worker receives the W - 1 other rows)
+
+    One worker moves nothing (0 s). Array ``nbytes`` give arrays.
+    """
+
+    def __init__(self, workers, bandwidth, latency=0.0):
+        if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
+            raise ValueError("workers must be an integer >= 1, got %r" % (workers,))
+        if not bandwidth > 0:
+            raise ValueError("bandwidth must be positive bytes per second, got %r" % (bandwidth,))
+        if not latency >= 0:
+            raise ValueError("latency must be non-negative seconds, got %r" % (latency,))
+        self.workers = int(workers)
+        self.bandwidth = float(bandwidth)
+        self.latency = float(latency)
+
+    def allreduce(self, nbytes):
+        w = self.workers
+        nbytes = np.asarray(nbytes, dtype=np.float64)
+        if w == 1:
+            return np.zeros_like(nbytes)
+        return 2.0 * (w - 1) / w * nbytes / self.bandwidth + 2.0 * (w - 1) * self.latency
+
+    def allgather(self, nbytes):
+        w = self.workers
+        nbytes = np.asarray(nbytes, dtype=np.float64)
+        if w == 1:
+            return np.zeros_like(nbytes)
+        return (w - 1) * nbytes / self.bandwidth + (w - 1) * self.latency
+
+    def collective(self, kind, nbytes):
+        if kind == ALLREDUCE:
+            return self.allreduce(nbytes)
+        if kind == ALLGATHER:
+            return self.allgather(nbytes)
+        raise ValueError("unknown collective %r; valid choices: %s"
+                         % (kind, ", ".join(COLLECTIVE_KINDS)))
+
+
+class WireBytes:
+    """Bytes one worker sends for a group: fixed + per_element * elements +
+    the tensors' own extra bytes (``tensor_bytes``, per tensor, for codecs
+    whose payload is per tensor, such as random-k's k values per tensor)."""
+
+    def __init__(self, sizes, fixed=0.0, per_element=4.0, tensor_bytes=None):
+        self.sizes = np.asarray(sizes, dtype=np.float64)
+        self.cumulative = np.concatenate([[0.0], np.cumsum(self.sizes)])
+        self.fixed = float(fixed)
+        self.per_element = float(per_element)
+        extra = np.zeros(len(self.sizes)) if tensor_bytes is None else np.asarray(
+            tensor_bytes, dtype=np.float64)
+        if extra.shape != self.sizes.shape:
+            raise ValueError("tensor_bytes must list one value per tensor")
+        self.tensor_cumulative = np.concatenate([[0.0], np.cumsum(extra)])
+
+    def __call__(self, lo, hi):
+        lo = np.asarray(lo)
+        hi = np.asarray(hi)
+        return (self.fixed + self.per_element * (self.cumulative[hi] - self.cumulative[lo])
+                + self.tensor_cumulative[hi] - self.tensor_cumulative[lo])
+
+
+class NetworkGroupCosts:
+    """A group's (encode, collective, decode) seconds on a network of W workers.
+
+    The codec's own parts come from ``codec`` (a LinearGroupCosts or any cost
+    function, as measured on one worker: its collective part is the host's
+    cost of handing a collective to Horovod and back, kept); the collective
+    adds ``calls`` collectives of ``kind`` over ``wire(lo, hi)`` bytes on
+    ``network`` (Horovod's cycle is the StepTimeModel's ``cycle_s``). With ``decode_rows`` the
+    decode's per-element cost is paid once per worker's row (an allgather's
+    decode reads W payloads; measured on one worker it read one).
+    """
+
+    def __init__(self, codec, wire, kind, network, calls=1, decode_rows=False):
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError("unknown collective %r; valid choices: %s"
+                             % (kind, ", ".join(COLLECTIVE_KINDS)))
+        self.codec = codec
+        self.wire = wire
+        self.kind = kind
+        self.network = network
+        self.calls = int(calls)
+        self.decode_rows = bool(decode_rows)
+
+    def __call__(self, lo, hi):
+        encode, local, decode = (np.asarray(p, dtype=np.float64) for p in self.codec(lo, hi))
+        nbytes = self.wire(lo, hi) / self.calls
+        collective = local + self.calls * self.network.collective(self.kind, nbytes)
+        if self.decode_rows and self.network.workers > 1:
+            per_row = self._decode_per_row(lo, hi)
+            decode = decode + (self.network.workers - 1) * per_row
+        return encode, collective, decode
+
+    def _decode_per_row(self, lo, hi):
+        coefficients = getattr(self.codec, "coefficients", None)
+        if coefficients is None:
+            return 0.0
+        cumulative = self.codec.cumulative
+        elements = cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)]
+        return coefficients[2, 1] * elements
+
+
+def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,
+                          fusion_bytes=HOROVOD_FUSION_BYTES):
+    """The groups Horovod's tensor fusion makes of per-tensor collectives, as a layout.
+
+    Horovod's background thread takes up, every ``cycle_s``, the tensors that
+    became ready since its last pass (in backprop order here, since ready
+    times are non-decreasing) and fuses them into buffers of at most
+    ``fusion_bytes``, one collective each. Returns the layout's cuts; run it
+    in a StepTimeModel with the same ``cycle_s`` for the passes' waits.
+    """
+    ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    ticks = np.ceil(ready / cycle_s - 1e-9) if cycle_s > 0 else ready
+    splits = []
+    group_bytes = 0.0
+    for i in range(len(ready)):
+        if i and (ticks[i] != ticks[i - 1] or group_bytes + nbytes[i] > fusion_bytes):
+            splits.append(i)
+            group_bytes = 0.0
+        group_bytes += nbytes[i]
+    return tuple(splits)
+
+
+class FusedGroupCosts:
+    """Costs of groups fused by Horovod (``horovod_fusion_layout``): per group,
+    the per-tensor codec costs summed (Horovod casts tensor by tensor), and
+    one collective of the group's bytes."""
+
+    def __init__(self, codec, wire, kind, network):
+        if kind not in COLLECTIVE_KINDS:
+            raise ValueError("unknown collective %r; valid choices: %s"
+                             % (kind, ", ".join(COLLECTIVE_KINDS)))
+        self.wire = wire
+        self.kind = kind
+        self.network = network
+        n = len(wire.sizes)
+        parts = [np.broadcast_to(np.asarray(p, dtype=np.float64), (n,))
+                 for p in codec(np.arange(n), np.arange(1, n + 1))]
+        self._cumulative = [np.concatenate([[0.0], np.cumsum(p)]) for p in parts]
+        # The host's per-collective cost is paid once per fused collective.
+        self._local_fixed = float(parts[1].min()) if n else 0.0
+
+    def __call__(self, lo, hi):
+        lo = np.asarray(lo)
+        hi = np.asarray(hi)
+        encode = self._cumulative[0][hi] - self._cumulative[0][lo]
+        decode = self._cumulative[2][hi] - self._cumulative[2][lo]
+        collective = self._local_fixed + self.network.collective(self.kind, self.wire(lo, hi))
+        return encode, collective, decode

@@ -1,4 +1,4 @@
-"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity} [options]; see --help of each."""
+"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate,validate} [options]; see --help of each."""
 
 import argparse
 import importlib
@@ -49,6 +49,8 @@ def _positive(convert):
 def build_parser():
     from tf_mergecomp.bench import cluster, models
     from tf_mergecomp.bench import exchange as exchange_bench
+    from tf_mergecomp.bench import profile as profile_bench
+    from tf_mergecomp.bench import simulate as simulate_bench
     from tf_mergecomp.compressors import NAMES
 
     parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench", description=__doc__)
@@ -127,6 +129,51 @@ def build_parser():
                            "of up to 2 groups (< 10 min)")
     clus.add_argument("--out", default="bench_results/cluster")
 
+    prof = commands.add_parser(
+        "profile", help="one model's step profile on this machine (gradient ready times, "
+                        "compute times, codec cost curves) for the simulator")
+    prof.add_argument("--model", choices=models.MODELS, required=True)
+    prof.add_argument("--codecs", type=_algorithms, default=None,
+                      help="comma-separated; default: all (--quick: %s)"
+                           % ",".join(profile_bench.QUICK_CODECS))
+    prof.add_argument("--quick", action="store_true",
+                      help="fewer probe layouts (1, 4 groups, layer-wise) and repeats, the "
+                           "codecs %s" % ",".join(profile_bench.QUICK_CODECS))
+    prof.add_argument("--processes", type=_positive(int), default=1,
+                      help="profile in this many processes at once and average them (the "
+                           "cluster benchmark's ranks share this machine's cores; default 1)")
+    prof.add_argument("--batch-size", type=_positive(int), default=32)
+    prof.add_argument("--timeout", type=_positive(float), default=1800.0)
+    prof.add_argument("--out", default=None, help="write the profile JSON here "
+                                                  "(default bench_results/profile_MODEL.json)")
+
+    sim = commands.add_parser(
+        "simulate", help="step time of every config on W workers from a profile "
+                         "(tf_mergecomp/step_model.py)")
+    sim.add_argument("--profile", required=True, help="a profile JSON (bench profile, or "
+                                                      "docs/profiles/*.json)")
+    sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS),
+                     help="comma-separated worker counts (default 2,8,64,256)")
+    sim.add_argument("--bandwidth", type=_csv(str), default=list(simulate_bench.DEFAULT_BANDWIDTHS),
+                     help="comma-separated link rates (1gbit, 400mbit, 12.5GB/s) or networks "
+                          "named in the profile (default 1gbit,10gbit,100gbit)")
+    sim.add_argument("--latency", default=None,
+                     help="seconds per ring step (25us, 0.1ms); default: the profile network's, "
+                          "else 25us")
+    sim.add_argument("--codecs", type=_algorithms, default=None,
+                     help="comma-separated; default: every codec of the profile")
+    sim.add_argument("--out", default=None, help="also write simulate.{md,json,png} here")
+    sim.add_argument("--name", default="simulate", help="file name stem under --out")
+
+    val = commands.add_parser(
+        "validate", help="measured (bench cluster) vs simulated step times (bench simulate)")
+    val.add_argument("--cluster", type=_csv(str), required=True,
+                     help="comma-separated cluster run folders (or their cluster.json)")
+    val.add_argument("--profiles", type=_csv(str), required=True,
+                     help="comma-separated MODEL=PROFILE.json pairs")
+    val.add_argument("--latency", default=None, help="seconds per ring step (default 25us)")
+    val.add_argument("--out", default=None, help="also write validate.{md,json} here")
+
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
     parity.add_argument("--algorithms", type=_algorithms, default=[n for n in NAMES if n != "none"])
     parity.add_argument("--epochs", type=int, default=8)
@@ -189,9 +236,61 @@ def main(argv=None):
         print(cluster.run(args))
         print("\nwritten: %s/cluster.{md,json,png}" % args.out)
         return 0
+    if args.command == "profile":
+        return _profile(args)
+    if args.command == "simulate":
+        return _simulate(args)
+    if args.command == "validate":
+        from tf_mergecomp.bench import simulate, validate
+
+        try:
+            latency = None if args.latency is None else simulate.parse_latency(args.latency)
+            result = validate.run(args.cluster, args.profiles, latency)
+        except ValueError as error:
+            print("error: %s" % error, file=sys.stderr)
+            return 2
+        _report(validate.table(result["rows"]), result, args.out, "validate")
+        return 0
     from tf_mergecomp.bench import parity
 
     print(parity.run(args))
+    return 0
+
+
+def _profile(args):
+    from tf_mergecomp.bench import profile
+
+    codecs = args.codecs or list(profile.QUICK_CODECS if args.quick else profile.DEFAULT_CODECS)
+    result = profile.record(args.model, codecs=codecs, quick=args.quick,
+                            processes=args.processes, batch_size=args.batch_size,
+                            timeout_s=args.timeout)
+    path = profile.save(result, args.out or os.path.join("bench_results",
+                                                         "profile_%s.json" % args.model))
+    print(profile.summary_text(result))
+    print("\nwritten: %s" % path)
+    return 0
+
+
+def _simulate(args):
+    import time
+
+    from tf_mergecomp.bench import profile, simulate
+
+    started = time.perf_counter()
+    try:
+        loaded = profile.load(args.profile)
+        simulate.check_workers(args.workers)
+        latency = None if args.latency is None else simulate.parse_latency(args.latency)
+        result = simulate.simulate(loaded, args.workers, args.bandwidth, latency=latency,
+                                   codecs=args.codecs)
+    except ValueError as error:
+        print("error: %s" % error, file=sys.stderr)
+        return 2
+    result["wall_s"] = time.perf_counter() - started
+    print(simulate.table(result))
+    print("\nsimulated %d cells in %.1f s" % (len(result["cells"]), result["wall_s"]))
+    if args.out:
+        print("written: %s" % ", ".join(simulate.write(result, args.out, args.name)))
     return 0
 
 

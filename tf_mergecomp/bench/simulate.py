@@ -1,0 +1,413 @@
+"""Step times of every compression config on W workers, from one model's profile.
+
+    python -m tf_mergecomp.bench simulate --profile P.json --workers 2,8,64,256
+        --bandwidth 1gbit,10gbit,100gbit [--latency 25us] [--codecs ...] [--out DIR]
+
+Built on the library's step-time model (tf_mergecomp/step_model.py), the
+model the partition search's explore phase uses: backprop releases the
+profile's gradients at their measured ready times; a group's encode starts
+when its last gradient is ready and the codec is free; its collective is
+taken up by Horovod's next cycle and costs what Horovod's algorithms cost on
+W workers (``step_model.NetworkCosts``: ring allreduce, or allgather for the
+codecs that gather rows, with their latency terms), plus this host's
+measured cost of a collective; its decode follows (an allgather's decode
+reads W rows), then the optimizer update (the profile's tail). Configs:
+
+- ``horovod fp32`` / ``horovod fp16``: per-tensor collectives, fused by
+  Horovod's tensor fusion (64 MB buffers, 1 ms cycle:
+  ``step_model.horovod_fusion_layout``); fp16 casts each tensor;
+- per codec: ``layer-wise`` (one group per tensor), ``one group``,
+  ``searched`` (the project's search core, ``search.run_search``, unchanged,
+  answering its profile, probes and confirm rounds from the model, as a real
+  run would measure them) and ``best <= 3`` (the model's exhaustive optimum of
+  1, 2 or 3 groups, ``step_model.exhaustive_best``).
+
+Scaling factor = 1-worker step (the profile's local step, no communication)
+/ W-worker step; "speed-up" = layer-wise step / searched step.
+"""
+
+import json
+import math
+import os
+import re
+import time
+
+import numpy as np
+
+from tf_mergecomp import search as search_core
+from tf_mergecomp import step_model
+from tf_mergecomp.bench import report
+from tf_mergecomp.bench.profile import codec_coefficients
+
+DEFAULT_WORKERS = (2, 8, 64, 256)
+DEFAULT_BANDWIDTHS = ("1gbit", "10gbit", "100gbit")
+DEFAULT_LATENCY_S = 25e-6
+EXHAUSTIVE_GROUPS = 3
+SEARCH_MAX_GROUPS = 4
+HOROVOD_CONFIGS = ("horovod fp32", "horovod fp16")
+MODES = ("layer-wise", "one group", "searched", "best <= 3")
+
+_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text, networks=None):
+    """(label, bytes per second, default latency or None) of '10gbit', '400mbit',
+    '12.5GB/s' or the name of a network of the profile."""
+    text = text.strip()
+    if networks and text in networks:
+        network = networks[text]
+        return text, float(network["bandwidth_bytes_per_s"]), float(network["latency_s"])
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|b/s|bps|B/s|byte/s)", text,
+                         re.IGNORECASE)
+    if not match:
+        names = ", ".join(sorted(networks)) if networks else "none in this profile"
+        raise ValueError("bandwidth %r: expected e.g. 1gbit, 400mbit, 12.5GB/s, or a network "
+                         "named in the profile (%s)" % (text, names))
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    unit = match.group(3)
+    per_second = value / 8.0 if unit.lower() in ("bit", "bps", "b/s") and unit != "B/s" else value
+    if per_second <= 0:
+        raise ValueError("bandwidth %r is not positive" % text)
+    return text, per_second, None
+
+
+def parse_latency(text):
+    """Seconds of '25us', '0.1ms', '2e-5' (seconds) or '0'."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?(?:e-?\d+)?)\s*(us|ms|s|ns)?", text.strip())
+    if not match:
+        raise ValueError("latency %r: expected e.g. 25us, 0.1ms or seconds" % text)
+    scale = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+class Simulation:
+    """The step-time model of one profile, for any network."""
+
+    def __init__(self, profile):
+        self.profile = profile
+        tensors = profile["tensors"]
+        self.sizes = np.asarray(tensors["sizes"], dtype=np.float64)
+        self.num_tensors = len(self.sizes)
+        compute = profile["compute"]
+        self.ready = np.asarray(compute["ready_s"], dtype=np.float64)
+        self.tail = float(compute["tail_s"])
+        self.local_step = float(compute["step_s"])
+        placement = profile["placement"]
+        self.codec_on_compute = bool(placement["codec_on_compute"])
+        self.decodes_after_backprop = bool(placement["decodes_after_backprop"])
+        horovod = profile["horovod"]
+        self.cycle_s = float(horovod["cycle_time_s"])
+        self.fusion_bytes = float(horovod["fusion_buffer_bytes"])
+        # The exchange probe serializes its groups, so each of its collectives
+        # waited about one whole cycle for Horovod's next pass: the model adds
+        # the cycle itself (StepTimeModel.cycle_s), so that wait comes out.
+        self.probe_waits_cycle = bool(horovod.get("probe_waits_cycle", False))
+        self.fusion_copies_on_compute = bool(horovod.get("fusion_copies_on_compute",
+                                                         self.codec_on_compute))
+        self.codecs = profile["codecs"]
+
+    # ---- cost functions ----------------------------------------------------
+    def codec_fit(self, name, without=()):
+        coefficients = np.asarray(codec_coefficients(self.codecs[name]), dtype=np.float64)
+        if self.probe_waits_cycle:
+            coefficients[1, 0] = max(0.0, coefficients[1, 0] - self.cycle_s)
+        for part in without:
+            coefficients[step_model.LinearGroupCosts.PARTS.index(part)] = 0.0
+        return step_model.LinearGroupCosts(self.sizes, coefficients)
+
+    def wire(self, name):
+        wire = self.codecs[name]["wire"]
+        return step_model.WireBytes(self.sizes, wire["fixed_bytes"], wire["per_element_bytes"],
+                                    wire.get("tensor_bytes"))
+
+    def codec_costs(self, name, network):
+        codec = self.codecs[name]
+        kind = codec["collective_op"]
+        return step_model.NetworkGroupCosts(
+            self.codec_fit(name), self.wire(name), kind, network,
+            calls=int(codec.get("collectives_per_group", 1)),
+            decode_rows=kind == step_model.ALLGATHER)
+
+    def model(self, costs, tail=None, cycle=True):
+        return step_model.StepTimeModel(self.ready, costs, self.tail if tail is None else tail,
+                                        self.codec_on_compute, self.decodes_after_backprop,
+                                        cycle_s=self.cycle_s if cycle else 0.0)
+
+    # ---- configs -------------------------------------------------------------
+    def horovod(self, which, network):
+        """(layout, seconds) of Horovod's per-tensor allreduce with tensor fusion."""
+        name = self.profile["horovod"][which]
+        fit = self.codec_fit(name)
+        if which == "fp32" and not self.fusion_copies_on_compute:
+            # No cast: copying into and out of the fusion buffer runs on
+            # Horovod's own thread (a GPU: its own stream), so it is the
+            # collective's, not backprop's. On a CPU host that thread takes
+            # the same cores, and the copies stay where they were measured.
+            coefficients = fit.coefficients.copy()
+            coefficients[1] += coefficients[0] + coefficients[2]
+            coefficients[0] = coefficients[2] = 0.0
+            fit = step_model.LinearGroupCosts(self.sizes, coefficients)
+        wire = self.wire(name)
+        tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
+        layout = step_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
+                                                  self.fusion_bytes)
+        costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network)
+        return layout, self.model(costs).step_time(layout)
+
+    def codec_configs(self, name, network, search=True):
+        """{mode: (layout, seconds)} and the search's account for one codec."""
+        costs = self.codec_costs(name, network)
+        model = self.model(costs)
+        n = self.num_tensors
+        layerwise = tuple(range(1, n))
+        results = {"layer-wise": (layerwise, model.step_time(layerwise)),
+                   "one group": ((), model.step_time(()))}
+        best = ((), results["one group"][1])
+        for groups in range(2, min(EXHAUSTIVE_GROUPS, n) + 1):
+            layout, seconds = step_model.exhaustive_best(model, groups)
+            if layout is not None and seconds < best[1]:
+                best = (layout, seconds)
+        results["best <= 3"] = best
+        account = None
+        if search:
+            layout, account = self._search(model, costs)
+            results["searched"] = (layout, model.step_time(layout))
+        return results, account
+
+    def _search(self, model, costs):
+        """The search core, unchanged, answered from the model: the profile is the
+        one-group step with the profile's ready times; a probe times each group's
+        parts alone (a real probe's collective waits a whole Horovod cycle, as
+        the groups are serialized); a confirm round is the model's step time."""
+        ready = self.ready
+        cycle = self.cycle_s
+
+        def profile(splits):
+            return search_core.ProfileResult(model.step_time(tuple(splits)), ready)
+
+        def probe(splits):
+            bounds = np.asarray((0,) + tuple(splits) + (self.num_tensors,))
+            encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
+                                                          (len(bounds) - 1,))
+                                          for p in costs(bounds[:-1], bounds[1:]))
+            return np.stack([encode, collective + cycle, decode], axis=1)
+
+        def time_candidate(splits):
+            return model.step_time(tuple(splits))
+
+        result = search_core.run_search(
+            self.sizes.tolist(), profile, probe, time_candidate, max_groups=SEARCH_MAX_GROUPS,
+            codec_on_compute=self.codec_on_compute,
+            decodes_after_backprop=self.decodes_after_backprop)
+        algorithm = result.algorithm
+        return tuple(result.splits), {
+            "finalists": [list(l) for l in algorithm.finalist_layouts],
+            "probed_groups": len(algorithm.probed), "requests": result.requests}
+
+    def run_cell(self, workers, bandwidth, latency, codecs):
+        """Every config on one network: {label: {...}}."""
+        network = step_model.NetworkCosts(workers, bandwidth, latency)
+        rows = {}
+        for which, label in (("fp32", "horovod fp32"), ("fp16", "horovod fp16")):
+            layout, seconds = self.horovod(which, network)
+            rows[label] = {"step_s": seconds, "groups": len(layout) + 1, "splits": list(layout)}
+        for name in codecs:
+            results, account = self.codec_configs(name, network)
+            for mode, (layout, seconds) in results.items():
+                # layer-wise's N - 1 cuts are implied by its group count
+                rows["%s %s" % (name, mode)] = {
+                    "step_s": seconds, "groups": len(layout) + 1,
+                    "splits": None if len(layout) + 1 == self.num_tensors else list(layout)}
+            rows["%s searched" % name]["search"] = account
+        for row in rows.values():
+            row["scaling_factor"] = self.local_step / row["step_s"]
+        return rows
+
+
+def simulate(profile, workers, bandwidths, latency=None, codecs=None, log=print):
+    """{"cells": [...], ...}: every (bandwidth, workers) cell, each timed."""
+    simulation = Simulation(profile)
+    networks = profile.get("networks", {})
+    parsed = [parse_bandwidth(b, networks) for b in bandwidths]
+    codecs = [c for c in (codecs or simulation.codecs) if c != "none"]
+    unknown = [c for c in codecs if c not in simulation.codecs]
+    if unknown:
+        raise ValueError("codec(s) %s not in the profile; it has %s"
+                         % (", ".join(unknown), ", ".join(simulation.codecs)))
+    cells = []
+    for label, per_second, network_latency in parsed:
+        cell_latency = latency if latency is not None else (
+            network_latency if network_latency is not None else DEFAULT_LATENCY_S)
+        for count in workers:
+            started = time.perf_counter()
+            rows = simulation.run_cell(count, per_second, cell_latency, codecs)
+            seconds = time.perf_counter() - started
+            cells.append({"bandwidth": label, "bandwidth_bytes_per_s": per_second,
+                          "latency_s": cell_latency, "workers": count, "rows": rows,
+                          "simulated_s": seconds})
+            log("[simulate] %s, %d workers: %d configs in %.2f s" % (label, count, len(rows),
+                                                                      seconds))
+    return {"model": profile["model"], "source": profile["source"], "codecs": codecs,
+            "local_step_s": simulation.local_step, "workers": list(workers),
+            "bandwidths": [p[0] for p in parsed], "cells": cells,
+            "search_max_groups": SEARCH_MAX_GROUPS, "exhaustive_groups": EXHAUSTIVE_GROUPS}
+
+
+# ---- the report -------------------------------------------------------------------------
+
+def speedup(rows, codec, mode="searched"):
+    return rows["%s layer-wise" % codec]["step_s"] / rows["%s %s" % (codec, mode)]["step_s"]
+
+
+def _layout_text(row, n):
+    if row["groups"] == 1:
+        return "1"
+    if row["groups"] == n:
+        return "lw"
+    return "%d %s" % (row["groups"], row["splits"])
+
+
+def table(result):
+    n = None
+    lines = ["%s, %s; 1-worker step %.1f ms. Per cell: scaling factor (step ms). "
+             "speed-up = layer-wise step / searched step; search vs best: searched step / "
+             "exhaustive best of <= %d groups."
+             % (result["model"], result["source"], 1e3 * result["local_step_s"],
+                result["exhaustive_groups"])]
+    for bandwidth in result["bandwidths"]:
+        cells = [c for c in result["cells"] if c["bandwidth"] == bandwidth]
+        lines.append("\n### %s (latency %s us per ring step)\n"
+                     % (bandwidth, report.fmt(1e6 * cells[0]["latency_s"])))
+        headings = ["config"] + ["%d workers" % c["workers"] for c in cells]
+        labels = list(cells[0]["rows"])
+        body = []
+        for label in labels:
+            body.append([label] + ["%s (%s)" % (report.fmt(c["rows"][label]["scaling_factor"], 2),
+                                                report.fmt(1e3 * c["rows"][label]["step_s"]))
+                                   for c in cells])
+        lines.append(report.markdown_table(headings, body))
+        lines.append("")
+        summary = []
+        for codec in result["codecs"]:
+            if n is None:
+                n = cells[0]["rows"]["%s layer-wise" % codec]["groups"]
+            summary.append(
+                [codec] + ["%s; %s; %s" % (
+                    report.fmt(speedup(c["rows"], codec), 3),
+                    _layout_text(c["rows"]["%s searched" % codec], n),
+                    report.fmt(c["rows"]["%s searched" % codec]["step_s"]
+                               / c["rows"]["%s best <= 3" % codec]["step_s"], 3))
+                    for c in cells])
+        lines.append(report.markdown_table(
+            ["codec: speed-up; searched layout; search vs best"]
+            + ["%d workers" % c["workers"] for c in cells], summary))
+    lines.append("\nLayer-wise -> searched scaling factor (speed-up), fewest and most workers:\n")
+    lines.append(gains_table(result))
+    best = search_vs_best(result)
+    lines.append("\nSearch vs exhaustive best of <= %d groups over %d (cell, codec) pairs: "
+                 "median %.3f, worst %.3f, best %.3f; %d within 1%%, %d better (4 groups)."
+                 % (result["exhaustive_groups"], best["count"], best["median"], best["max"],
+                    best["min"], best["within_1pct"], best["better"]))
+    timing = ", ".join("%s/%dw %.1f s" % (c["bandwidth"], c["workers"], c["simulated_s"])
+                       for c in result["cells"])
+    lines.append("\nSimulation time per cell: %s." % timing)
+    return "\n".join(lines)
+
+
+def gains_table(result, workers=None):
+    """Per codec and bandwidth: layer-wise -> searched scaling factor (speed-up) at
+    the fewest and the most workers simulated (or ``workers``)."""
+    counts = sorted(set(result["workers"]))
+    workers = workers or [counts[0], counts[-1]]
+    headings = ["codec"]
+    for bandwidth in result["bandwidths"]:
+        headings += ["%s, %d w" % (bandwidth, w) for w in workers]
+    cells = {(c["bandwidth"], c["workers"]): c["rows"] for c in result["cells"]}
+    body = []
+    for label in ("horovod fp32", "horovod fp16"):
+        body.append([label] + ["%s" % scaling_text(cells[(b, w)][label]["scaling_factor"])
+                               for b in result["bandwidths"] for w in workers])
+    for codec in result["codecs"]:
+        row = [codec]
+        for bandwidth in result["bandwidths"]:
+            for w in workers:
+                rows = cells[(bandwidth, w)]
+                row.append("%s -> %s (%sx)" % (
+                    scaling_text(rows["%s layer-wise" % codec]["scaling_factor"]),
+                    scaling_text(rows["%s searched" % codec]["scaling_factor"]),
+                    report.fmt(speedup(rows, codec), 3)))
+        body.append(row)
+    return report.markdown_table(headings, body)
+
+
+def search_vs_best(result):
+    """Searched step / exhaustive best of <= 3 groups over every (cell, codec)."""
+    ratios = [c["rows"]["%s searched" % codec]["step_s"] / c["rows"]["%s best <= 3" % codec]["step_s"]
+              for c in result["cells"] for codec in result["codecs"]]
+    return {"median": float(np.median(ratios)), "max": float(max(ratios)),
+            "min": float(min(ratios)), "count": len(ratios),
+            "within_1pct": sum(r <= 1.01 for r in ratios),
+            "better": sum(r < 1 - 1e-9 for r in ratios)}
+
+
+def chart(result, path):
+    """Per bandwidth: the searched config's scaling factor per codec (and Horovod's),
+    and the searched config's speed-up over layer-wise, against worker count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidths = result["bandwidths"]
+    figure, axes = plt.subplots(2, len(bandwidths), figsize=(4.2 * len(bandwidths), 7.5),
+                                squeeze=False, sharex=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for column, bandwidth in enumerate(bandwidths):
+        cells = [c for c in result["cells"] if c["bandwidth"] == bandwidth]
+        workers = [c["workers"] for c in cells]
+        top, bottom = axes[0][column], axes[1][column]
+        for style, label in (("k--", "horovod fp32"), ("k:", "horovod fp16")):
+            top.plot(workers, [c["rows"][label]["scaling_factor"] for c in cells], style,
+                     label=label)
+        for index, codec in enumerate(result["codecs"]):
+            color = colors[index % len(colors)]
+            # past the colour cycle, another marker and line style tell codecs apart
+            style = ("-o", "--s", ":^")[(index // len(colors)) % 3]
+            top.plot(workers, [c["rows"]["%s searched" % codec]["scaling_factor"] for c in cells],
+                     style, color=color, markersize=3, label=codec)
+            bottom.plot(workers, [speedup(c["rows"], codec) for c in cells], style, color=color,
+                        markersize=3, label=codec)
+        for axis in (top, bottom):
+            axis.set_xscale("log", base=2)
+            axis.grid(True, alpha=0.3)
+        top.set_title("%s, %s" % (result["model"], bandwidth))
+        top.set_ylabel("scaling factor (MergeComp searched)")
+        bottom.set_ylabel("speed-up over layer-wise")
+        bottom.set_xlabel("workers")
+        bottom.axhline(1.0, color="grey", linewidth=0.8)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def write(result, out_dir, name="simulate"):
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, name + ext) for ext in (".md", ".json", ".png")]
+    with open(paths[0], "w") as f:
+        f.write(table(result) + "\n")
+    with open(paths[1], "w") as f:
+        json.dump(result, f, indent=1)
+    chart(result, paths[2])
+    return paths
+
+
+def check_workers(workers):
+    if not workers or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in workers):
+        raise ValueError("workers must be integers >= 1, got %r" % (workers,))
+    return workers
+
+
+def scaling_text(value):
+    return "-" if value is None or math.isnan(value) else "%.0f%%" % (100 * value)

@@ -1,0 +1,166 @@
+"""Measured vs simulated step times: the cluster benchmark against the simulator.
+
+    python -m tf_mergecomp.bench validate --cluster DIR[,DIR...]
+        --profiles transformer=P.json,resnet50=Q.json [--latency 25us] [--out DIR]
+
+For every config row of each cluster run (``bench cluster``'s cluster.json),
+the simulator (tf_mergecomp/bench/simulate.py) predicts the step time of the
+same config on the same network (the run's workers and tc rate): Horovod
+fp32/fp16 with tensor fusion, and each codec with the partition the run
+actually trained (layer-wise, one group, or what its search chose). Two
+predictions per row:
+
+- ``profile``: the profile's own compute (recorded on this machine);
+- ``run compute``: the profile's compute times (ready times, tail, local
+  step), and on a CPU host its codec costs too (they run on the same
+  cores), scaled by the local compute step the cluster run measured on its
+  ranks (each rank computing alone while the others do the same) over the
+  profile's: the machine is shared, and its load changes between the
+  profile and the run.
+
+Error = simulated / measured - 1. The cluster run's repeated configs (the
+"(repeat)" rows: the same config measured twice) give the run's own noise.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from tf_mergecomp.bench import report, simulate
+from tf_mergecomp.bench.profile import load
+
+REPEAT_SUFFIX = " (repeat)"
+
+
+def load_cluster(path):
+    if os.path.isdir(path):
+        path = os.path.join(path, "cluster.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError("cannot read the cluster run %s: %s" % (path, error)) from None
+
+
+def scaled_profile(profile, local_step_s):
+    """The profile with its compute times scaled so that its local step is ``local_step_s``."""
+    compute = dict(profile["compute"])
+    factor = local_step_s / compute["step_s"]
+    for key in ("forward_s", "backward_s", "optimizer_s", "step_s", "tail_s",
+                "one_group_step_s"):
+        if key in compute:
+            compute[key] = compute[key] * factor
+    compute["ready_s"] = [r * factor for r in compute["ready_s"]]
+    # On a CPU host the codecs run on the same contended cores as backprop.
+    codecs = {}
+    for name, codec in profile["codecs"].items():
+        codec = dict(codec)
+        if profile["placement"]["codec_on_compute"]:
+            for part in ("encode", "collective", "decode"):
+                codec[part] = {key: value * factor for key, value in codec[part].items()}
+        codecs[name] = codec
+    return dict(profile, compute=compute, codecs=codecs)
+
+
+def _predict(simulation, network, row):
+    config = row["config"]
+    if config["kind"] == "horovod":
+        which = "fp16" if config["compression"] == "fp16" else "fp32"
+        return simulation.horovod(which, network)[1]
+    costs = simulation.codec_costs(config["algorithm"], network)
+    splits = tuple(row.get("splits") or ())
+    if config["partition"] == "layerwise":
+        splits = tuple(range(1, simulation.num_tensors))
+    elif config["partition"] == "one":
+        splits = ()
+    return simulation.model(costs).step_time(splits)
+
+
+def compare(cluster_runs, profiles, latency=None):
+    """Rows of measured vs simulated step times."""
+    from tf_mergecomp.step_model import NetworkCosts
+
+    rows = []
+    for run in cluster_runs:
+        _, per_second, _ = simulate.parse_bandwidth(run["bandwidth"])
+        for group in run["groups"]:
+            model = group["model"]
+            if model not in profiles:
+                raise ValueError("no profile for %s; given: %s" % (model, ", ".join(profiles)))
+            profile = profiles[model]
+            run_compute = float(np.mean(group["compute_step_s"]))
+            simulations = {"profile": simulate.Simulation(profile),
+                           "run compute": simulate.Simulation(scaled_profile(profile,
+                                                                             run_compute))}
+            network = NetworkCosts(group["workers"], per_second,
+                                   simulate.DEFAULT_LATENCY_S if latency is None else latency)
+            measured = {r["label"]: r for r in group["rows"]}
+            for label, row in measured.items():
+                if label.endswith(REPEAT_SUFFIX) or row.get("step_s") is None:
+                    continue
+                config = row["config"]
+                codec = config.get("algorithm") or profile["horovod"][
+                    "fp16" if config.get("compression") == "fp16" else "fp32"]
+                if codec not in profile["codecs"]:
+                    continue
+                repeat = measured.get(label + REPEAT_SUFFIX)
+                entry = {"model": model, "bandwidth": run["bandwidth"],
+                         "workers": group["workers"], "label": label,
+                         "groups": row.get("num_groups"), "measured_s": row["step_s"],
+                         "repeat_s": repeat["step_s"] if repeat else None,
+                         "run_compute_s": run_compute, "profile_step_s":
+                             profile["compute"]["step_s"]}
+                for name, simulation in simulations.items():
+                    seconds = _predict(simulation, network, row)
+                    entry[name] = seconds
+                    entry[name + " error"] = seconds / row["step_s"] - 1.0
+                rows.append(entry)
+    return rows
+
+
+def summary(rows, key):
+    errors = [abs(r[key + " error"]) for r in rows]
+    if not errors:
+        return None
+    return {"median_abs_error": float(np.median(errors)), "max_abs_error": float(max(errors)),
+            "within_25": sum(e <= 0.25 for e in errors), "rows": len(errors)}
+
+
+def table(rows):
+    lines = [report.markdown_table(
+        ["model", "network", "config", "groups", "measured s", "repeat s",
+         "simulated s (profile)", "error", "simulated s (run compute)", "error"],
+        [[r["model"], "%dw %s" % (r["workers"], r["bandwidth"]), r["label"],
+          "-" if r["groups"] is None else str(r["groups"]), r["measured_s"], r["repeat_s"],
+          r["profile"], "%+.0f%%" % (100 * r["profile error"]), r["run compute"],
+          "%+.0f%%" % (100 * r["run compute error"])] for r in rows])]
+    for key in ("profile", "run compute"):
+        s = summary(rows, key)
+        if s:
+            lines.append("\n%s: median |error| %.0f%% (target <= 15%%: %s), max %.0f%% (target "
+                         "<= 25%%: %s), %d of %d rows within 25%%" % (
+                             key, 100 * s["median_abs_error"],
+                             "met" if s["median_abs_error"] <= 0.15 else "missed",
+                             100 * s["max_abs_error"],
+                             "met" if s["max_abs_error"] <= 0.25 else "missed",
+                             s["within_25"], s["rows"]))
+    noise = [abs(r["repeat_s"] / r["measured_s"] - 1) for r in rows if r["repeat_s"]]
+    if noise:
+        lines.append("\nThe runs' own noise, the same config measured twice: median %.0f%%, "
+                     "max %.0f%% (%d pairs)." % (100 * np.median(noise), 100 * max(noise),
+                                                  len(noise)))
+    return "\n".join(lines)
+
+
+def run(cluster_paths, profile_specs, latency=None):
+    profiles = {}
+    for spec in profile_specs:
+        model, _, path = spec.partition("=")
+        if not path:
+            raise ValueError("--profiles takes MODEL=PATH pairs, got %r" % spec)
+        profiles[model] = load(path)
+    rows = compare([load_cluster(p) for p in cluster_paths], profiles, latency)
+    return {"rows": rows, "summary": {k: summary(rows, k) for k in ("profile", "run compute")},
+            "clusters": list(cluster_paths), "profiles": list(profile_specs),
+            "latency_s": simulate.DEFAULT_LATENCY_S if latency is None else latency}
