@@ -255,11 +255,18 @@ class DgcGroupCodec : public SparseGroupCodec {
     const int64_t sample_size = params.sample_size;
     const SeedKey seed_key = MakeSeedKey(seed);
     std::vector<float> sample(sample_size);
-    for (int64_t j = 0; j < sample_size; ++j) {
-      const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
-      const int64_t position = static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
-      sample[j] = KeyToFloat(sparse::MagnitudeKey(input.ValueBefore(position)));
-    }
+    // Random reads (of g and the state): in parallel, so their misses overlap.
+    constexpr int64_t kSampleChunk = 8192;
+    ForEachBlock(context, CeilDiv(sample_size, kSampleChunk), 200 * kSampleChunk,
+                 [&](int64_t chunk) {
+                   const int64_t end = std::min(sample_size, (chunk + 1) * kSampleChunk);
+                   for (int64_t j = chunk * kSampleChunk; j < end; ++j) {
+                     const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
+                     const int64_t position =
+                         static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
+                     sample[j] = KeyToFloat(sparse::MagnitudeKey(input.ValueBefore(position)));
+                   }
+                 });
     const int64_t rank = DgcSampleRank(n, k, sample_size);
     std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
                      std::greater<float>());

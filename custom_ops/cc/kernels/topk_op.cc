@@ -269,12 +269,16 @@ Status EncodeGroupTopk(OpKernelContext* context, const SparseGroupInput& input, 
     if (rank < kTopkSample / 4) {
       const SeedKey sample_key = MakeSeedKey(0x70b4);
       std::vector<uint32_t> sample(kTopkSample);
-      for (int64_t j = 0; j < kTopkSample; ++j) {
-        const uint64_t bits = RandomBits(sample_key, static_cast<uint32_t>(j));
-        const int64_t position = static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
-        sample[j] = sparse::MagnitudeKey(compensate ? input.ValueBefore(position)
-                                                    : input.ValueAt(position));
-      }
+      constexpr int64_t kChunk = kTopkSample / 4;
+      ForEachBlock(context, 4, 200 * kChunk, [&](int64_t chunk) {
+        for (int64_t j = chunk * kChunk; j < (chunk + 1) * kChunk; ++j) {
+          const uint64_t bits = RandomBits(sample_key, static_cast<uint32_t>(j));
+          const int64_t position =
+              static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
+          sample[j] = sparse::MagnitudeKey(compensate ? input.ValueBefore(position)
+                                                      : input.ValueAt(position));
+        }
+      });
       std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
                        std::greater<uint32_t>());
       threshold_key = sample[rank - 1];
