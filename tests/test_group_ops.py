@@ -38,14 +38,14 @@ def engine(name, backend, **params):
     return MergeComp(codec, partitions=1)
 
 
-def run_group(mergecomps, world, steps, shapes=SHAPES, dtypes=DTYPES):
+def run_group(mergecomps, world, steps, shapes=SHAPES, dtypes=DTYPES, make=make_grads):
     """Runs one group of all tensors on every rank; returns per step and rank
     the reduced gradients, and the final state by rank."""
     history = []
     for step in range(steps):
         def one_rank(rank, comm):
             mc = mergecomps[rank]
-            grads = make_grads(rank, step, shapes, dtypes)
+            grads = make(rank, step, shapes, dtypes)
             mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
             state = mc._state_variables()
             out, _ = mc._reduce_group(0, 0, grads, state, tf.constant(step, tf.int64), comm)
@@ -98,6 +98,42 @@ def test_sparse_group_of_one_tensor_matches_the_plain_tf_group(name, dtype, memo
         runs.append(run_group(mergecomps, FakeWorld(2), 2, shapes, dtypes))
     (fused_history, fused_state), (ref_history, ref_state) = runs
     for step in range(2):
+        for rank in range(2):
+            assert_same(fused_history[step][rank], ref_history[step][rank], (name, step, rank))
+    for rank in range(2):
+        assert_same(fused_state[rank], ref_state[rank], (name, "state", rank))
+
+
+def gapped_grads(rank, step, shapes, dtypes):
+    """About 0.95% of the entries large (100 + noise), the rest small: DGC's
+    sampled threshold then often lands in the gap, where even halved three
+    times it finds fewer than k entries (the padding branch); otherwise its
+    count reaches k at once or after a halving (the top-k branches)."""
+    rng = np.random.RandomState(7000 + 1000 * rank + step)
+    grads = []
+    for shape, dtype in zip(shapes, dtypes):
+        values = rng.standard_normal(shape).astype(np.float32) * 1e-3
+        large = rng.random_sample(shape) < 0.0095
+        values = np.where(large, 100.0 + rng.standard_normal(shape), values).astype(np.float32)
+        grads.append(tf.constant(values, dtype=dtype))
+    return grads
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "randomk"])
+@pytest.mark.parametrize("make", [make_grads, gapped_grads], ids=["t3", "gapped"])
+def test_large_sparse_group_matches_the_plain_tf_group(name, make):
+    """Groups large enough for the one-pass selections (a sampled threshold,
+    then compare and collect; random-k's keys above a computed threshold),
+    default ratios: bit for bit as the plain-TF path, over several steps."""
+    shapes = [(300, 700), (70_000,), (5,), (90_000,)]
+    dtypes = [tf.float32, tf.float16, tf.float32, tf.float32]
+    runs = []
+    for backend in ("op", "reference"):
+        mergecomps = [MergeComp(compressors.get(name, backend=backend), partitions=1)
+                      for _ in range(2)]
+        runs.append(run_group(mergecomps, FakeWorld(2), 3, shapes, dtypes, make))
+    (fused_history, fused_state), (ref_history, ref_state) = runs
+    for step in range(3):
         for rank in range(2):
             assert_same(fused_history[step][rank], ref_history[step][rank], (name, step, rank))
     for rank in range(2):

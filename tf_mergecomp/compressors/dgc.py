@@ -30,7 +30,12 @@ momentum = 0.9 (the memory's mu).
 
 Ops: MergecompDgcEncode (sample, nth_element, parallel counting passes,
 compaction) and MergecompSparseScatterMean. The plain-TF reference draws the
-same sample through _random.py and gives identical bytes.
+same sample through _random.py and gives identical bytes. In a merged group
+(the "dgc" codec of MergecompGroupEncode) the sample is read before the
+memory's compensation pass, which then counts every refinement's candidates
+and collects those of the sampled threshold in the same pass; when a
+threshold reaches k, the payload is the exact top-k (step 4), so the group
+codec then selects as topk's does. Same bytes as the single-buffer op.
 """
 
 import math

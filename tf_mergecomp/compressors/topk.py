@@ -20,6 +20,13 @@ Ops: MergecompTopkEncode (radix select, O(n), no copy of the input, sharded
 over TensorFlow's intra-op pool) and MergecompSparseScatterMean (decode of the
 W gathered payloads in one pass). The plain-TF reference uses tf.math.top_k on
 the magnitudes and tensor_scatter_nd_add; both give identical bytes.
+In a merged group (the "topk" codec of MergecompGroupEncode) the selection
+reads the compensated values where the memory left them, with no copy of the
+group: a threshold taken from a fixed sample of the values (before the
+compensation pass) lets that one pass collect a few more than k candidates,
+and the exact k largest are chosen among them; only when fewer than k are
+collected does the radix select over the whole group decide. The sample
+changes the work, never the result.
 """
 
 import tensorflow as tf

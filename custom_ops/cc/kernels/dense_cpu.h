@@ -86,9 +86,13 @@ class BlockInput {
   virtual const float* Contiguous() const { return nullptr; }
 };
 
+class GroupTensorsOutput;
+
 class BlockOutput {
  public:
   virtual ~BlockOutput() = default;
+  // The output as a group's per-tensor arrays (group_op.h), or nullptr.
+  virtual const GroupTensorsOutput* AsGroupTensors() const { return nullptr; }
   // Where to write the values [begin, begin + count).
   virtual float* Begin(int64_t begin, int64_t count) const = 0;
   // Called once those values are written.

@@ -76,6 +76,27 @@ void CopyFromContiguous(OpKernelContext* context, const float* data, int64_t n,
   });
 }
 
+const float* SparseGroupInput::Block(int64_t begin, int64_t count) const {
+  const int64_t t = layout_.TensorAt(begin);
+  if (begin + count <= layout_.offset(t + 1)) return runs_[t] + (begin - layout_.offset(t));
+  float* block = ThreadBlockBuffer(0);
+  ForEachRun(begin, begin + count, [&](const float* values, int64_t flat_begin, int64_t n) {
+    memcpy(block + (flat_begin - begin), values, n * sizeof(float));
+  });
+  return block;
+}
+
+void ZeroTensors(OpKernelContext* context, const GroupLayout& layout,
+                 const std::vector<float*>& arrays) {
+  ForEachBlock(context, NumBlocks(layout.total()), kBlockElements, [&](int64_t block) {
+    const int64_t begin = block * kBlockElements;
+    layout.ForEachPart(begin, std::min(begin + kBlockElements, layout.total()),
+                       [&](int64_t t, int64_t part_begin, int64_t part_end) {
+                         memset(arrays[t] + part_begin, 0, (part_end - part_begin) * sizeof(float));
+                       });
+  });
+}
+
 namespace {
 
 // Runs fn(tensor, begin, end) over every tensor part of the group's flat
@@ -148,6 +169,99 @@ const float* CompensatedInState(Memory memory, const Tensor& gradient, float* st
   }
   return nullptr;
 }
+
+// p = compensate(g, state) at element j of one tensor, computed as
+// CompensateInState computes it (same operations, same roundings), without
+// writing anything.
+template <typename T>
+float CompensatedValue(Memory memory, float decay, float gradient_scale, const T* g,
+                       const float* state, int64_t n, int64_t j) {
+  const float gradient = static_cast<float>(g[j]);
+  switch (memory) {
+    case Memory::kNone: return gradient;
+    case Memory::kResidual: return gradient + state[j];
+    case Memory::kMomentum: {
+      const float decayed = decay * state[j];
+      return decayed + gradient_scale * gradient;
+    }
+    case Memory::kDgc: {
+      const float u = decay * state[j] + gradient;
+      return state[n + j] + u;
+    }
+  }
+  return gradient;
+}
+
+// The sparse codecs' SparseGroupInput over the op's gradients and state.
+class CompensatedSparseInput : public SparseGroupInput {
+ public:
+  CompensatedSparseInput(const GroupLayout& layout, const std::vector<Tensor>& gradients,
+                         Memory memory, float decay, float gradient_scale,
+                         const LockedStateVariables& state, float* scratch)
+      : SparseGroupInput(layout), gradients_(gradients), memory_(memory), decay_(decay),
+        gradient_scale_(gradient_scale), state_(state), copies_(layout.num_tensors(), nullptr) {
+    for (int64_t t = 0; t < layout.num_tensors(); ++t) {
+      runs_[t] = CompensatedInState(memory, gradients[t], state.buffer(t), layout.size(t));
+      if (runs_[t] == nullptr) {
+        copies_[t] = scratch + layout.offset(t);
+        runs_[t] = copies_[t];
+      }
+    }
+  }
+
+  // Elements of the group that the compensation must copy (memory none,
+  // tensors not float32): the scratch the constructor needs.
+  static int64_t ScratchSize(const GroupLayout& layout, const std::vector<Tensor>& gradients,
+                             Memory memory) {
+    if (memory != Memory::kNone) return 0;
+    for (const Tensor& g : gradients) {
+      if (g.dtype() != tensorflow::DT_FLOAT) return layout.total();
+    }
+    return 0;
+  }
+
+  float ValueBefore(int64_t flat_index) const override {
+    const int64_t t = layout_.TensorAt(flat_index);
+    float value = 0.0f;
+    DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+      using T = decltype(type_tag);
+      value = CompensatedValue<T>(memory_, decay_, gradient_scale_,
+                                  static_cast<const T*>(gradients_[t].data()), state_.buffer(t),
+                                  layout_.size(t), flat_index - layout_.offset(t));
+    });
+    return value;
+  }
+
+  void Compensate(OpKernelContext* context, const sparse::Blocks& blocks,
+                  const RunVisitor* visit) const override {
+    ForEachBlock(context, blocks.count, blocks.size * 4, [&](int64_t block) {
+      const int64_t begin = blocks.begin(block);
+      layout_.ForEachPart(begin, blocks.end(block), [&](int64_t t, int64_t part_begin,
+                                                        int64_t part_end) {
+        if (memory_ != Memory::kNone || copies_[t] != nullptr) {
+          DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+            using T = decltype(type_tag);
+            CompensateInState<T>(memory_, decay_, gradient_scale_,
+                                 static_cast<const T*>(gradients_[t].data()), state_.buffer(t),
+                                 layout_.size(t), part_begin, part_end, copies_[t]);
+          });
+        }
+        if (visit != nullptr) {
+          (*visit)(block, runs_[t] + part_begin, layout_.offset(t) + part_begin,
+                   part_end - part_begin);
+        }
+      });
+    });
+  }
+
+ private:
+  const std::vector<Tensor>& gradients_;
+  Memory memory_;
+  float decay_;
+  float gradient_scale_;
+  const LockedStateVariables& state_;
+  std::vector<float*> copies_;  // where the compensation copies tensor t, or null
+};
 
 // The compensated group p of the dense codecs, block by block: g (memory
 // none), g + e (residual, computed as it is read, the state being updated
@@ -267,10 +381,37 @@ class StateUpdateOutput : public BlockOutput {
 
 // The decoded group written into the op's per-tensor outputs: in place for a
 // block inside one float32 tensor, else through a buffer cast into each.
-class TensorListOutput : public BlockOutput {
+class TensorListOutput : public GroupTensorsOutput {
  public:
   TensorListOutput(const GroupLayout& layout, const std::vector<Tensor*>& tensors)
       : layout_(layout), tensors_(tensors) {}
+
+  Status TensorArrays(OpKernelContext* context, std::vector<float*>* arrays) const override {
+    arrays->resize(tensors_.size());
+    scratch_.resize(tensors_.size());
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      if (tensors_[t]->dtype() == tensorflow::DT_FLOAT) {
+        (*arrays)[t] = static_cast<float*>(tensors_[t]->data());
+        continue;
+      }
+      TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT,
+                                                TensorShape({layout_.size(t)}), &scratch_[t]));
+      (*arrays)[t] = scratch_[t].flat<float>().data();
+    }
+    return tensorflow::OkStatus();
+  }
+
+  void CastScratch(OpKernelContext* context) const override {
+    ForEachPartInParallel(context, layout_, 2, [&](int64_t t, int64_t begin, int64_t end) {
+      if (tensors_[t]->dtype() == tensorflow::DT_FLOAT) return;
+      const float* values = scratch_[t].flat<float>().data();
+      DispatchFloatType(tensors_[t]->dtype(), [&](auto type_tag) {
+        using T = decltype(type_tag);
+        T* out = static_cast<T*>(tensors_[t]->data());
+        for (int64_t j = begin; j < end; ++j) out[j] = static_cast<T>(values[j]);
+      });
+    });
+  }
 
   float* Begin(int64_t begin, int64_t count) const override {
     const int64_t i = layout_.TensorAt(begin);
@@ -301,6 +442,7 @@ class TensorListOutput : public BlockOutput {
  private:
   const GroupLayout& layout_;
   const std::vector<Tensor*>& tensors_;
+  mutable std::vector<Tensor> scratch_;  // float32 values of the tensors of other dtypes
 };
 
 // Non-finite gradients. A tensor holding an inf or a NaN on this worker is
@@ -454,45 +596,31 @@ class GroupEncodeOp : public OpKernel {
     return tensorflow::OkStatus();
   }
 
-  // The sparse codecs: one pass compensates into the state and, for a group
-  // of several tensors, into one array the codec selects from; the state is
+  // The sparse codecs: the codec compensates into the state (or, for
+  // gradients it cannot read as float32 arrays, into a scratch copy) in one
+  // pass that it may fuse with its own, and selects from there; the state is
   // then corrected at the sent entries only (e <- p - sent; dgc: v <- p -
   // sent, u masked where something non-zero was sent).
   Status EncodeEntries(OpKernelContext* context, const GroupLayout& layout,
                        const std::vector<Tensor>& gradients, const LockedStateVariables& state,
                        int64_t seed, uint8_t* payload, int32_t* codec_context) const {
-    // A single tensor whose compensated values are (or, after the pass below,
-    // will be) a float32 array is selected from in place; otherwise the
-    // compensation pass also writes the group into one array.
-    const float* in_place =
-        layout.num_tensors() == 1
-            ? CompensatedInState(memory_, gradients[0], state.buffer(0), layout.size(0))
-            : nullptr;
-    Tensor storage;
-    float* copy = nullptr;
-    if (in_place == nullptr) {
+    Tensor scratch;
+    const int64_t scratch_size = CompensatedSparseInput::ScratchSize(layout, gradients, memory_);
+    if (scratch_size > 0) {
       TF_RETURN_IF_ERROR(
-          context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({layout.total()}), &storage));
-      copy = storage.flat<float>().data();
+          context->allocate_temp(tensorflow::DT_FLOAT, TensorShape({scratch_size}), &scratch));
     }
-    if (copy != nullptr || memory_ != Memory::kNone) {
-      ForEachPartInParallel(context, layout, 4, [&](int64_t i, int64_t begin, int64_t end) {
-        DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
-          using T = decltype(type_tag);
-          CompensateInState<T>(memory_, decay_, gradient_scale_,
-                               static_cast<const T*>(gradients[i].data()), state.buffer(i),
-                               layout.size(i), begin, end,
-                               copy ? copy + layout.offset(i) : nullptr);
-        });
-      });
-    }
-    const float* group = in_place != nullptr ? in_place : copy;
-    TF_RETURN_IF_ERROR(codec_->Encode(context, ContiguousInput(group), layout, params_, seed,
-                                      payload, codec_context));
+    const CompensatedSparseInput compensated(
+        layout, gradients, memory_, decay_, gradient_scale_, state,
+        scratch_size > 0 ? scratch.flat<float>().data() : nullptr);
+    TF_RETURN_IF_ERROR(codec_->Encode(context, compensated, layout, params_, seed, payload,
+                                      codec_context));
     if (memory_ != Memory::kResidual && memory_ != Memory::kDgc) return tensorflow::OkStatus();
+    // Sent entries come in ascending flat order (but for DGC's padding).
+    TensorCursor cursor(layout);
     codec_->ForEachSent(payload, codec_context, layout, params_, [&](int64_t index, float value) {
-      const int64_t t = layout.TensorAt(index);
-      const int64_t j = index - layout.offset(t);
+      int64_t j = 0;
+      const int64_t t = cursor.Locate(index, &j);
       float* buffer = state.buffer(t);
       if (memory_ == Memory::kResidual) {
         buffer[j] = buffer[j] - value;

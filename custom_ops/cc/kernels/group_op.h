@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cc/kernels/dense_cpu.h"
+#include "cc/kernels/sparse_select.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
 namespace tf_mergecomp {
@@ -59,6 +60,91 @@ class GroupLayout {
   std::vector<int64_t> offsets_;  // num_tensors + 1 entries
 };
 
+// The compensated group of a codec sending entries (GroupCodec::SendsEntries),
+// as one float32 array per tensor: the state buffer the compensation writes
+// (residual e, DGC's v, SIGNUM's m), the gradient itself (memory none,
+// float32), or a scratch array (memory none, other dtypes). Selection then
+// reads the group where it lies, with no copy into one array.
+//
+// The codec's Encode calls Compensate exactly once; before it, ValueBefore
+// gives single compensated values without writing anything (a sample of the
+// group from which a threshold can be chosen before the one pass over it).
+class SparseGroupInput : public BlockInput {
+ public:
+  // visit(block, values, flat_begin, count): values[0, count) are the
+  // compensated values at flat_begin.., in one part of one block; called from
+  // the block's thread as soon as the part is compensated.
+  using RunVisitor = std::function<void(int64_t, const float*, int64_t, int64_t)>;
+
+  SparseGroupInput(const GroupLayout& layout) : layout_(layout), runs_(layout.num_tensors()) {}
+
+  const GroupLayout& layout() const { return layout_; }
+  virtual float ValueBefore(int64_t flat_index) const = 0;
+  // Compensates the whole group, blocks of `blocks` sharded over the intra-op
+  // pool; visit may be null.
+  virtual void Compensate(tensorflow::OpKernelContext* context, const sparse::Blocks& blocks,
+                          const RunVisitor* visit) const = 0;
+
+  // After Compensate: fn(values, flat_begin, count) for each tensor part of
+  // the flat range [begin, end), in order.
+  template <typename Fn>
+  void ForEachRun(int64_t begin, int64_t end, const Fn& fn) const {
+    layout_.ForEachPart(begin, end, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      fn(runs_[t] + part_begin, layout_.offset(t) + part_begin, part_end - part_begin);
+    });
+  }
+  // After Compensate: the compensated value at a flat index.
+  float ValueAt(int64_t flat_index) const {
+    const int64_t t = layout_.TensorAt(flat_index);
+    return runs_[t][flat_index - layout_.offset(t)];
+  }
+  const float* Block(int64_t begin, int64_t count) const override;
+  const float* Contiguous() const override {
+    return layout_.num_tensors() == 1 ? runs_[0] : nullptr;
+  }
+
+ protected:
+  const GroupLayout& layout_;
+  std::vector<const float*> runs_;  // tensor t's compensated values
+};
+
+// The decoded group as per-tensor float32 arrays, for the sparse decoders
+// that zero and scatter: a float32 output tensor is written in place, any
+// other through a scratch array that CastScratch casts into it.
+class GroupTensorsOutput : public BlockOutput {
+ public:
+  const GroupTensorsOutput* AsGroupTensors() const override { return this; }
+  // Tensor t's float32 array, for every t.
+  virtual tensorflow::Status TensorArrays(tensorflow::OpKernelContext* context,
+                                          std::vector<float*>* arrays) const = 0;
+  virtual void CastScratch(tensorflow::OpKernelContext* context) const = 0;
+};
+
+// Sets every tensor's array to zero, in parallel.
+void ZeroTensors(tensorflow::OpKernelContext* context, const GroupLayout& layout,
+                 const std::vector<float*>& arrays);
+
+// Maps ascending flat indices to (tensor, index in the tensor) in amortised
+// constant time; an index below the current tensor is looked up afresh.
+class TensorCursor {
+ public:
+  explicit TensorCursor(const GroupLayout& layout) : layout_(layout) {}
+  // The tensor holding flat_index < layout.total(); *local receives its index there.
+  int64_t Locate(int64_t flat_index, int64_t* local) {
+    if (flat_index < layout_.offset(tensor_)) {
+      tensor_ = layout_.TensorAt(flat_index);
+    } else {
+      while (flat_index >= layout_.offset(tensor_ + 1)) ++tensor_;
+    }
+    *local = flat_index - layout_.offset(tensor_);
+    return tensor_;
+  }
+
+ private:
+  const GroupLayout& layout_;
+  int64_t tensor_ = 0;
+};
+
 // Codec parameters, from the ops' attributes (each codec reads its own).
 struct GroupCodecParams {
   int64_t levels = 0;                   // qsgd's s
@@ -80,9 +166,9 @@ class GroupCodec {
   virtual int64_t ContextSize(const GroupLayout&, const GroupCodecParams&) const { return 0; }
 
   // True for the codecs that send selected entries of the group (topk, dgc,
-  // randomk): they read the compensated group as one array (input.Contiguous()
-  // is then never null), and the encode op updates the error-feedback state
-  // from ForEachSent instead of decoding the whole payload again.
+  // randomk): their Encode gets a SparseGroupInput (and calls its Compensate
+  // once), and the encode op updates the error-feedback state from
+  // ForEachSent instead of decoding the whole payload again.
   virtual bool SendsEntries() const { return false; }
 
   // Calls sent(flat_index, value) for every entry of this worker's payload as
@@ -170,6 +256,28 @@ tensorflow::Status WriteThroughContiguous(tensorflow::OpKernelContext* context, 
   TF_RETURN_IF_ERROR(write(values));
   CopyFromContiguous(context, values, n, output);
   return tensorflow::OkStatus();
+}
+
+// The sparse codecs' decode: zeroes the group's per-tensor float32 arrays,
+// calls scatter(arrays) to add or set the sent entries, then hands the arrays
+// to output (in place where the output tensors are float32).
+template <typename Scatter>
+tensorflow::Status ZeroAndScatter(tensorflow::OpKernelContext* context, const GroupLayout& layout,
+                                  const BlockOutput& output, const Scatter& scatter) {
+  if (const GroupTensorsOutput* tensors = output.AsGroupTensors()) {
+    std::vector<float*> arrays;
+    TF_RETURN_IF_ERROR(tensors->TensorArrays(context, &arrays));
+    ZeroTensors(context, layout, arrays);
+    TF_RETURN_IF_ERROR(scatter(arrays));
+    tensors->CastScratch(context);
+    return tensorflow::OkStatus();
+  }
+  return WriteThroughContiguous(context, layout.total(), output, [&](float* values) {
+    std::vector<float*> arrays(layout.num_tensors());
+    for (int64_t t = 0; t < layout.num_tensors(); ++t) arrays[t] = values + layout.offset(t);
+    ZeroTensors(context, layout, arrays);
+    return scatter(arrays);
+  });
 }
 
 // Adapts a dense codec's block kernels (an encode reading a BlockInput, a
