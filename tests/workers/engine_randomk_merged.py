@@ -12,7 +12,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 from tests.horovodrun import report
-from tests.workers.common import classification_data, small_classifier
+from tests.workers.common import classification_data, small_classifier, tape_train_step
 from tf_mergecomp import MergeComp
 
 hvd.init()
@@ -26,14 +26,7 @@ def train(partitions):
     mergecomp = MergeComp("randomk", partitions=partitions, ratio=0.2)
     sgd = tf.keras.optimizers.SGD(0.1)
 
-    @tf.function
-    def train_step(xb, yb):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(yb, model(xb, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=mergecomp)
-        grads = tape.gradient(loss, model.trainable_variables)
-        sgd.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    train_step = tf.function(tape_train_step(model, sgd, loss_fn, mergecomp))
 
     for step in range(STEPS):
         i = (step * 32) % len(x)
