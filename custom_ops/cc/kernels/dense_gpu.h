@@ -44,6 +44,39 @@ __device__ __forceinline__ void ForEachIndex(int64_t n, const Fn& fn) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) fn(i);
 }
 
+// Kernels over a list of segments (a group's tensors, PowerSGD's matrices)
+// laid end to end: segment s holds flat indices [offsets[s], offsets[s + 1]).
+// The segment holding flat index i (i < offsets[count]): the last one starting
+// at or before i (empty segments starting there come first and are skipped).
+__device__ __forceinline__ int64_t SegmentAt(const int64_t* offsets, int64_t count, int64_t i) {
+  int64_t lo = 0, hi = count;  // offsets[lo] <= i < offsets[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (offsets[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The segment of a thread's current element; consecutive elements of a
+// thread usually stay in one segment, so Seek rarely searches.
+struct SegmentCursor {
+  int64_t t = 0;
+  int64_t begin = 0;
+  int64_t end = 0;  // [begin, end): segment t in the flat space
+
+  __device__ void Seek(const int64_t* offsets, int64_t count, int64_t i) {
+    if (i >= begin && i < end) return;
+    t = SegmentAt(offsets, count, i);
+    begin = offsets[t];
+    end = offsets[t + 1];
+  }
+  __device__ int64_t size() const { return end - begin; }
+};
+
 struct SumOp {
   __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
 };

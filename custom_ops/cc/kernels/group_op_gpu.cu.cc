@@ -73,36 +73,14 @@ struct DeviceGroup {
   int64_t total;
   const int64_t* offsets;
 
-  // The tensor holding flat index i < total: the last one starting at or
-  // before i (empty tensors starting there come first and are skipped).
-  __device__ int64_t TensorAt(int64_t i) const {
-    int64_t lo = 0, hi = num_tensors;  // offsets[lo] <= i < offsets[hi]
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (offsets[mid] <= i) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo;
-  }
+  __device__ int64_t TensorAt(int64_t i) const { return gpu::SegmentAt(offsets, num_tensors, i); }
 };
 
-// The tensor of a thread's current element; consecutive elements of a
-// thread usually stay in one tensor, so Seek rarely searches.
-struct Cursor {
-  int64_t t = 0;
-  int64_t begin = 0;
-  int64_t end = 0;  // [begin, end): tensor t in the flat space
-
+// The tensor of a thread's current element (gpu::SegmentCursor over the group's tensors).
+struct Cursor : gpu::SegmentCursor {
   __device__ void Seek(const DeviceGroup& group, int64_t i) {
-    if (i >= begin && i < end) return;
-    t = group.TensorAt(i);
-    begin = group.offsets[t];
-    end = group.offsets[t + 1];
+    SegmentCursor::Seek(group.offsets, group.num_tensors, i);
   }
-  __device__ int64_t size() const { return end - begin; }
 };
 
 // The memory's compensation and state update (group_op.cc's, rounding

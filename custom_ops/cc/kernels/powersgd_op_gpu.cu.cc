@@ -1,52 +1,28 @@
 // PowerSGD's per-tensor products on a CUDA device (powersgd_gpu_launchers.h):
 // one launch computes every entry of every C_i = op(A_i) B_i of the group,
-// the thread of an entry finding its matrix through the shared cursor idea of
-// the group kernels (binary search over the output offsets when it leaves
-// the matrix it last used). The ranks are small (1 to 4 columns), so an
+// the thread of an entry finding its matrix with the group kernels' cursor
+// (gpu::SegmentCursor: a binary search over the output offsets when it
+// leaves the matrix it last used). The ranks are small (1 to 4 columns), so an
 // entry is a dot product over one row of M_i: memory-bound, no tiling.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "cc/kernels/dense_gpu.h"
+#include "cc/kernels/group_gpu_launchers.h"
 #include "cc/kernels/powersgd_gpu_launchers.h"
 
 namespace tf_mergecomp {
 namespace {
 
-struct Tables {
-  int64_t count;
-  const int64_t* c_offsets;
-  const int64_t* m;
-  const int64_t* k;
-  const int64_t* r;
-  const int64_t* a_offsets;
-  const int64_t* b_offsets;
-
-  // The matrix holding output entry e: the last one starting at or before e.
-  __device__ int64_t MatrixAt(int64_t e) const {
-    int64_t lo = 0, hi = count;
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (c_offsets[mid] <= e) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo;
-  }
-};
-
-__global__ void GroupedMatmulKernel(Tables tables, int64_t total, const float* a, int transpose_a,
-                                    const float* b, float* c) {
-  int64_t i = -1, begin = 0, end = 0;
+// `tables`' pointers are device pointers, but for host_c_offsets, which the
+// kernel does not read.
+__global__ void GroupedMatmulKernel(MergecompGpuMatrices tables, int64_t total, const float* a,
+                                    int transpose_a, const float* b, float* c) {
+  gpu::SegmentCursor matrix;
   gpu::ForEachIndex(total, [&](int64_t e) {
-    if (e < begin || e >= end) {
-      i = tables.MatrixAt(e);
-      begin = tables.c_offsets[i];
-      end = tables.c_offsets[i + 1];
-    }
+    matrix.Seek(tables.c_offsets, tables.count, e);
+    const int64_t i = matrix.t, begin = matrix.begin;
     const int64_t m = tables.m[i], k = tables.k[i], r = tables.r[i];
     const int64_t row = (e - begin) / r, col = (e - begin) % r;
     const float* a_i = a + tables.a_offsets[i];
@@ -67,7 +43,7 @@ extern "C" int mergecomp_grouped_matmul_gpu(const MergecompGpuMatrices* matrices
                                             int transpose_a, const float* b, float* c,
                                             void* stream) {
   using namespace tf_mergecomp;
-  constexpr int kBadArgument = 10002;  // MERGECOMP_GPU_BAD_ARGUMENT
+  constexpr int kBadArgument = MERGECOMP_GPU_BAD_ARGUMENT;
   if (matrices == nullptr || matrices->count < 0 || matrices->host_c_offsets == nullptr ||
       matrices->host_c_offsets[0] != 0) {
     return kBadArgument;
@@ -76,7 +52,6 @@ extern "C" int mergecomp_grouped_matmul_gpu(const MergecompGpuMatrices* matrices
     if (matrices->host_c_offsets[i + 1] < matrices->host_c_offsets[i]) return kBadArgument;
   }
   const int64_t total = matrices->host_c_offsets[matrices->count];
-  const Tables tables{matrices->count, matrices->c_offsets, matrices->m, matrices->k,
-                      matrices->r, matrices->a_offsets, matrices->b_offsets};
-  return gpu::LaunchOver(total, stream, GroupedMatmulKernel, tables, total, a, transpose_a, b, c);
+  return gpu::LaunchOver(total, stream, GroupedMatmulKernel, *matrices, total, a, transpose_a, b,
+                         c);
 }
