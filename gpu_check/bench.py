@@ -7,7 +7,9 @@ all the model's gradients
   - layer-wise: one launch set per tensor, tensor after tensor,
 with CUDA events (median of --repeats after --warmup), and reports GB/s of
 input gradient bytes next to device-to-device copy bandwidth measured in the
-same run (before and after the codecs, so its drift shows). Writes
+same run (before and after the codecs, so its drift shows); the encode alone
+is timed too (``encode_ms``), so that the simulator's GPU profile
+(tf_mergecomp/bench/gpu_profile.py) can price encode and decode apart. Writes
 gpu_codecs.json (and .md) to --out, default $OUT when set.
 
     python3 -m gpu_check.bench                  # the full run (CuPy + a GPU)
@@ -204,12 +206,14 @@ class _Groups:
         return (codec, group.struct, row.data.ptr, context.data.ptr, workspace.data.ptr,
                 flags.data.ptr)
 
-    def run(self, mode, launchers):
+    def run(self, mode, launchers, decode=True):
         lib = self.lib
         for codec, group, row, context, workspace, flags in self.sets[mode]:
             code = lib.mergecomp_group_encode_gpu(codec, group, 7, row, context, workspace, None)
             if code:
                 raise launchers.LauncherError(lib, "encode", code)
+            if not decode:
+                continue
             code = lib.mergecomp_group_decode_gpu(codec, group, row, 1, context, flags, workspace,
                                                   None)
             if code:
@@ -250,11 +254,14 @@ def run(args, shapes):
             for mode in args.modes:
                 ms, low, high = _time(cp, lambda: groups.run(mode, launchers), args.repeats,
                                       args.warmup)
+                encode_ms = _time(cp, lambda: groups.run(mode, launchers, decode=False),
+                                  args.repeats, args.warmup)[0]
                 gbps = nbytes / ms / 1e6
                 measured[(codec, mode)] = ms
                 report["results"].append({
                     "model": model, "codec": codec, "mode": mode, "tensors": len(sizes),
-                    "bytes": nbytes, "ms": ms, "min_ms": low, "max_ms": high, "gbps": gbps,
+                    "elements": sum(sizes), "bytes": nbytes, "ms": ms, "min_ms": low,
+                    "max_ms": high, "encode_ms": encode_ms, "gbps": gbps,
                     "x_copy": gbps / copy_before})
                 print("%-9s %-9s %-9s %8.3f ms %8.1f GB/s %6.3fx copy" % (
                     model, codec, mode, ms, gbps, gbps / copy_before), flush=True)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -71,6 +73,32 @@ def test_network_group_costs_add_the_collective_and_scale_gathered_decodes():
     assert collective == pytest.approx(2e-4 + 7 * 200 / 1e4)
     # one row measured (1e-4 + 200e-6), seven more rows read at 200e-6 each
     assert decode == pytest.approx(1e-4 + 8 * 200e-6)
+
+
+def test_a_multi_rank_probe_scales_the_hosts_share_of_the_collective_to_w_workers():
+    sizes = [100, 100]
+    # measured on 2 ranks: the collective's host work 1e-6 s per element, the
+    # allgather's decode 2e-6 s per element for the 2 rows it read
+    codec = LinearGroupCosts(sizes, [[1e-3, 0, 0], [2e-4, 1e-6, 0], [1e-4, 2e-6, 0]])
+    wire = WireBytes(sizes, per_element=1.0)
+    for workers, gather_rows, ring_share in ((2, 1, 1.0), (8, 7, 1.75)):
+        network = NetworkCosts(workers, 1e4, 0.0)
+        assert network.host_scale("allgather", 2) == pytest.approx(gather_rows)
+        assert network.host_scale("allreduce", 2) == pytest.approx(ring_share)
+        assert network.host_scale("allgather", 1) == 1.0  # a lone probe measured no such work
+        _, collective, decode = NetworkGroupCosts(codec, wire, "allgather", network,
+                                                  decode_rows=True, probe_workers=2)(0, 2)
+        assert collective == pytest.approx(2e-4 + gather_rows * 200e-6
+                                           + (workers - 1) * 200 / 1e4)
+        assert decode == pytest.approx(1e-4 + workers * 200e-6)
+        _, reduced, _ = NetworkGroupCosts(codec, wire, "allreduce", network,
+                                          probe_workers=2)(0, 2)
+        assert reduced == pytest.approx(2e-4 + ring_share * 200e-6
+                                        + network.allreduce(200.0))
+        # Horovod's fused allreduce pays the per-collective cost once, the bytes' share per byte
+        fused = FusedGroupCosts(codec, wire, "allreduce", network, probe_workers=2)
+        assert fused(0, 2)[1] == pytest.approx(2e-4 + ring_share * 200e-6
+                                               + network.allreduce(200.0))
 
 
 def test_horovod_fusion_groups_by_cycle_and_buffer():
@@ -281,8 +309,40 @@ def test_profile_arguments(capsys):
     args = build_parser().parse_args(["profile", "--model", "resnet50", "--quick",
                                       "--processes", "2"])
     assert (args.model, args.quick, args.processes, args.codecs) == ("resnet50", True, 2, None)
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["profile", "--model", "lenet"])
-    assert "invalid choice: 'lenet' (choose from" in capsys.readouterr().err
+    for model in ("MobileNetV2", "my_models.small:build"):
+        assert build_parser().parse_args(["profile", "--model", model]).model == model
+    for bad in ("lenet", "module:", "module:not an identifier"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["profile", "--model", bad])
+        error = capsys.readouterr().err
+        assert "unknown model %r; valid choices: resnet50, vgg16, transformer" % bad in error
+        assert "package.module:function" in error
     with pytest.raises(ValueError, match="valid choices"):
         profile_module.record("resnet50", codecs=("gzip",))
+
+
+def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_path):
+    """The whole path: a model given as module:function, profiled by a 2-rank
+    Horovod job over loopback (real collectives in the probe), then simulated."""
+    out = tmp_path / "tiny.json"
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    profiled = subprocess.run(
+        [sys.executable, "-m", "tf_mergecomp.bench", "profile", "--model",
+         "tests.workers.tiny_model:build", "--quick", "--codecs", "none,fp16,efsignsgd",
+         "--processes", "2", "--timeout", "300", "--out", str(out)],
+        cwd=REPO, env=environment, capture_output=True, text=True, timeout=360)
+    assert profiled.returncode == 0, profiled.stderr[-3000:]
+    profile = profile_module.load(str(out))
+    assert profile["model"] == "tests.workers.tiny_model:build"
+    assert profile["horovod"]["probe_workers"] == 2
+    assert profile["tensors"]["sizes"] == [3, 48, 16, 256, 16, 192]  # backprop order
+    assert profile["codecs"]["efsignsgd"]["collective_op"] == "allgather"
+    # a real 2-rank collective costs this host something
+    assert profile["codecs"]["fp16"]["collective"]["fixed_s"] > 0
+    simulated = subprocess.run(
+        [sys.executable, "-m", "tf_mergecomp.bench", "simulate", "--profile", str(out),
+         "--workers", "2,8", "--bandwidth", "1gbit", "--out", str(tmp_path / "sim")],
+        cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+    assert simulated.returncode == 0, simulated.stderr[-3000:]
+    assert "efsignsgd" in (tmp_path / "sim" / "simulate.md").read_text()

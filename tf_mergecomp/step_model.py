@@ -93,17 +93,23 @@ class LinearGroupCosts:
         features = np.stack([np.ones(len(groups)),
                              cumulative[groups[:, 1]] - cumulative[groups[:, 0]],
                              (groups[:, 1] - groups[:, 0]).astype(np.float64)], axis=1)
-        coefficients = np.zeros((3, 3))
-        for part in range(3):
-            target = seconds[:, part]
-            weights = 1.0 / np.maximum(target, max(1e-6, 1e-3 * float(np.median(target))))
-            coefficients[part] = _nonnegative_least_squares(features * weights[:, None],
-                                                            target * weights)
+        coefficients = np.stack([fit_coefficients(features, seconds[:, part])
+                                 for part in range(3)])
         return cls(sizes, coefficients)
 
     def describe(self):
         return {part: {"fixed_s": row[0], "per_element_s": row[1], "per_tensor_s": row[2]}
                 for part, row in zip(self.PARTS, self.coefficients.tolist())}
+
+
+def fit_coefficients(features, seconds):
+    """Non-negative (fixed, per element, per tensor) seconds fitted in relative
+    error to measurements whose rows of ``features`` count (calls, elements,
+    tensors): one call per group, or several for a measurement that sums calls."""
+    features = np.asarray(features, dtype=np.float64).reshape(-1, 3)
+    target = np.asarray(seconds, dtype=np.float64).reshape(-1)
+    weights = 1.0 / np.maximum(target, max(1e-6, 1e-3 * float(np.median(target))))
+    return _nonnegative_least_squares(features * weights[:, None], target * weights)
 
 
 def _nonnegative_least_squares(a, b):
@@ -506,6 +512,24 @@ class NetworkCosts:
             return np.zeros_like(nbytes)
         return (w - 1) * nbytes / self.bandwidth + (w - 1) * self.latency
 
+    def host_scale(self, kind, probe_workers):
+        """How much more of a collective's per-byte host work (reduction, copies)
+        each worker does here than in a probe on ``probe_workers`` ranks: a ring
+        allreduce handles 2 (W - 1) / W of the bytes per worker, an allgather
+        receives W - 1 rows. 1 when the probe ran alone (it measured no such work)."""
+        if probe_workers <= 1:
+            return 1.0
+        return self._ring_share(kind, self.workers) / self._ring_share(kind, probe_workers)
+
+    @staticmethod
+    def _ring_share(kind, workers):
+        if kind == ALLREDUCE:
+            return 2.0 * (workers - 1) / workers
+        if kind == ALLGATHER:
+            return float(workers - 1)
+        raise ValueError("unknown collective %r; valid choices: %s"
+                         % (kind, ", ".join(COLLECTIVE_KINDS)))
+
     def collective(self, kind, nbytes):
         if kind == ALLREDUCE:
             return self.allreduce(nbytes)
@@ -547,10 +571,14 @@ class NetworkGroupCosts:
     adds ``calls`` collectives of ``kind`` over ``wire(lo, hi)`` bytes on
     ``network`` (Horovod's cycle is the StepTimeModel's ``cycle_s``). With ``decode_rows`` the
     decode's per-element cost is paid once per worker's row (an allgather's
-    decode reads W payloads; measured on one worker it read one).
+    decode reads W payloads; measured on ``probe_workers`` it read that many).
+    ``probe_workers`` > 1: the codec's collective part was measured on that
+    many ranks, its per-element term being the host's share of the collective
+    (``NetworkCosts.host_scale`` scales it to W workers).
     """
 
-    def __init__(self, codec, wire, kind, network, calls=1, decode_rows=False):
+    def __init__(self, codec, wire, kind, network, calls=1, decode_rows=False,
+                 probe_workers=1):
         if kind not in COLLECTIVE_KINDS:
             raise ValueError("unknown collective %r; valid choices: %s"
                              % (kind, ", ".join(COLLECTIVE_KINDS)))
@@ -560,23 +588,29 @@ class NetworkGroupCosts:
         self.network = network
         self.calls = int(calls)
         self.decode_rows = bool(decode_rows)
+        self.probe_workers = max(1, int(probe_workers))
+        self.host_scale = network.host_scale(kind, self.probe_workers)
 
     def __call__(self, lo, hi):
         encode, local, decode = (np.asarray(p, dtype=np.float64) for p in self.codec(lo, hi))
         nbytes = self.wire(lo, hi) / self.calls
+        local = local + (self.host_scale - 1.0) * _per_element_part(self.codec, 1, lo, hi)
         collective = local + self.calls * self.network.collective(self.kind, nbytes)
-        if self.decode_rows and self.network.workers > 1:
-            per_row = self._decode_per_row(lo, hi)
-            decode = decode + (self.network.workers - 1) * per_row
+        extra_rows = self.network.workers - self.probe_workers
+        if self.decode_rows and extra_rows:
+            per_row = _per_element_part(self.codec, 2, lo, hi) / self.probe_workers
+            decode = decode + extra_rows * per_row
         return encode, collective, decode
 
-    def _decode_per_row(self, lo, hi):
-        coefficients = getattr(self.codec, "coefficients", None)
-        if coefficients is None:
-            return 0.0
-        cumulative = self.codec.cumulative
-        elements = cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)]
-        return coefficients[2, 1] * elements
+
+def _per_element_part(codec, part, lo, hi):
+    """The per-element term of one part (0 encode, 1 collective, 2 decode) of a
+    LinearGroupCosts for groups [lo, hi); 0 for cost functions without one."""
+    coefficients = getattr(codec, "coefficients", None)
+    if coefficients is None:
+        return 0.0
+    elements = codec.cumulative[np.asarray(hi)] - codec.cumulative[np.asarray(lo)]
+    return coefficients[part, 1] * elements
 
 
 def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,
@@ -607,24 +641,30 @@ class FusedGroupCosts:
     the per-tensor codec costs summed (Horovod casts tensor by tensor), and
     one collective of the group's bytes."""
 
-    def __init__(self, codec, wire, kind, network):
+    def __init__(self, codec, wire, kind, network, probe_workers=1):
         if kind not in COLLECTIVE_KINDS:
             raise ValueError("unknown collective %r; valid choices: %s"
                              % (kind, ", ".join(COLLECTIVE_KINDS)))
+        self.codec = codec
         self.wire = wire
         self.kind = kind
         self.network = network
+        self.host_scale = network.host_scale(kind, max(1, int(probe_workers)))
         n = len(wire.sizes)
         parts = [np.broadcast_to(np.asarray(p, dtype=np.float64), (n,))
                  for p in codec(np.arange(n), np.arange(1, n + 1))]
         self._cumulative = [np.concatenate([[0.0], np.cumsum(p)]) for p in parts]
-        # The host's per-collective cost is paid once per fused collective.
-        self._local_fixed = float(parts[1].min()) if n else 0.0
+        # The host's per-collective cost is paid once per fused collective, its
+        # per-byte share (measured on several ranks) once per byte.
+        host_bytes = _per_element_part(codec, 1, np.arange(n), np.arange(1, n + 1))
+        self._local_fixed = float((parts[1] - host_bytes).min()) if n else 0.0
 
     def __call__(self, lo, hi):
         lo = np.asarray(lo)
         hi = np.asarray(hi)
         encode = self._cumulative[0][hi] - self._cumulative[0][lo]
         decode = self._cumulative[2][hi] - self._cumulative[2][lo]
-        collective = self._local_fixed + self.network.collective(self.kind, self.wire(lo, hi))
+        collective = (self._local_fixed
+                      + self.host_scale * _per_element_part(self.codec, 1, lo, hi)
+                      + self.network.collective(self.kind, self.wire(lo, hi)))
         return encode, collective, decode

@@ -36,6 +36,15 @@ def _sizes(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _profile_model(text):
+    from tf_mergecomp.bench import models
+
+    try:
+        return models.check_profile_model(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _positive(convert):
     def parse(text):
         value = convert(text)
@@ -132,7 +141,10 @@ def build_parser():
     prof = commands.add_parser(
         "profile", help="one model's step profile on this machine (gradient ready times, "
                         "compute times, codec cost curves) for the simulator")
-    prof.add_argument("--model", choices=models.MODELS, required=True)
+    prof.add_argument("--model", type=_profile_model, required=True,
+                      help="%s, a keras.applications model (MobileNetV2, ...) or "
+                           "package.module:function returning a Keras model"
+                           % "|".join(models.MODELS))
     prof.add_argument("--codecs", type=_algorithms, default=None,
                       help="comma-separated; default: all (--quick: %s)"
                            % ",".join(profile_bench.QUICK_CODECS))
@@ -140,8 +152,9 @@ def build_parser():
                       help="fewer probe layouts (1, 4 groups, layer-wise) and repeats, the "
                            "codecs %s" % ",".join(profile_bench.QUICK_CODECS))
     prof.add_argument("--processes", type=_positive(int), default=1,
-                      help="profile in this many processes at once and average them (the "
-                           "cluster benchmark's ranks share this machine's cores; default 1)")
+                      help="profile in this many ranks of one Horovod job over loopback and "
+                           "average them: they share the cores as the cluster benchmark's "
+                           "ranks do, and the probe's collectives are real (default 1)")
     prof.add_argument("--batch-size", type=_positive(int), default=32)
     prof.add_argument("--timeout", type=_positive(float), default=1800.0)
     prof.add_argument("--out", default=None, help="write the profile JSON here "
@@ -264,8 +277,8 @@ def _profile(args):
     result = profile.record(args.model, codecs=codecs, quick=args.quick,
                             processes=args.processes, batch_size=args.batch_size,
                             timeout_s=args.timeout)
-    path = profile.save(result, args.out or os.path.join("bench_results",
-                                                         "profile_%s.json" % args.model))
+    default_name = "profile_%s.json" % "".join(c if c.isalnum() else "_" for c in args.model)
+    path = profile.save(result, args.out or os.path.join("bench_results", default_name))
     print(profile.summary_text(result))
     print("\nwritten: %s" % path)
     return 0

@@ -26,6 +26,46 @@ def check_model(name):
     return name
 
 
+def check_profile_model(name):
+    """A model the profile can record: one of MODELS, ``package.module:function``
+    (a function of no arguments returning a built Keras model with one input and
+    class logits as output) or a ``keras.applications`` model's name."""
+    if name in MODELS:
+        return name
+    if ":" in name:
+        module, _, function = name.partition(":")
+        if module and function.isidentifier():
+            return name
+    elif name in _applications():
+        return name
+    raise ValueError("unknown model %r; valid choices: %s, a keras.applications model "
+                     "(e.g. MobileNetV2, DenseNet121) or package.module:function"
+                     % (name, ", ".join(MODELS)))
+
+
+def _applications():
+    return sorted(n for n in dir(keras.applications)
+                  if n[:1].isupper() and callable(getattr(keras.applications, n)))
+
+
+def _custom_model(name):
+    if ":" in name:
+        import importlib
+
+        module, _, function = name.partition(":")
+        model = getattr(importlib.import_module(module), function)()
+    else:
+        model = getattr(keras.applications, name)(
+            weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES)
+    if not isinstance(model, keras.Model):
+        raise ValueError("%s returned %r, not a Keras model" % (name, type(model).__name__))
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError("%s: the profile needs a model with one input and one output "
+                         "(class scores), got %d and %d" % (name, len(model.inputs),
+                                                           len(model.outputs)))
+    return model
+
+
 def _transformer(layers=4, width=64, heads=4, hidden_width=128):
     tokens = keras.Input((SEQUENCE_LENGTH,), dtype=tf.int32)
     x = keras.layers.Embedding(VOCABULARY, width)(tokens)
@@ -41,7 +81,8 @@ def _transformer(layers=4, width=64, heads=4, hidden_width=128):
 
 
 def build_model(name):
-    check_model(name)
+    if name not in MODELS:
+        return _custom_model(check_profile_model(name))
     if name == "resnet50":
         return keras.applications.ResNet50(
             weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES, classifier_activation=None
@@ -53,10 +94,23 @@ def build_model(name):
     return _transformer()
 
 
-def synthetic_dataset(name, batch_size, seed=0):
-    """One fixed random batch repeated forever (input pipeline cost ~0)."""
-    check_model(name)
+def synthetic_dataset(name, batch_size, seed=0, model=None):
+    """One fixed random batch repeated forever (input pipeline cost ~0). A model
+    outside MODELS gets a batch of its (built) ``model``'s input shape and dtype
+    (integer inputs: ids 0 and 1) and labels for its output's last dimension."""
     rng = np.random.default_rng(seed)
+    if name not in MODELS:
+        if model is None:
+            raise ValueError("synthetic data for %r needs its built model" % name)
+        shape = (batch_size,) + tuple(int(d) for d in model.inputs[0].shape[1:])
+        dtype = model.inputs[0].dtype
+        if dtype.is_integer:
+            features = rng.integers(0, 2, size=shape).astype(dtype.as_numpy_dtype)
+        else:
+            features = rng.standard_normal(shape).astype(dtype.as_numpy_dtype)
+        classes = int(model.outputs[0].shape[-1])
+        labels = rng.integers(0, classes, size=(batch_size,), dtype=np.int32)
+        return tf.data.Dataset.from_tensors((features, labels)).repeat()
     if name == "transformer":
         features = rng.integers(0, VOCABULARY, size=(batch_size, SEQUENCE_LENGTH), dtype=np.int32)
     else:

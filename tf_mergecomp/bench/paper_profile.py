@@ -41,6 +41,13 @@ FORWARD_FRACTION = 1.0 / 3.0
 V100_FP32_FLOPS = 15.7e12
 CONV_EFFICIENCY = 0.5  # fraction of FP32 peak a cuDNN convolution reaches (NOTES[0])
 HBM2_BYTES_PER_S = 900e9
+V100_SMS = 80
+# Top-k's selection as the frameworks of the paper's time ran it on one slice
+# (NOTES[7]): a radix select over 2-bit digits (16 passes for float32) and a
+# gather pass, all in one thread block, i.e. on one of the V100's SMs, whose
+# share of HBM2 bandwidth bounds it.
+TOPK_SELECT_PASSES = 32 // 2 + 1
+TOPK_SELECT_BYTES_PER_S = HBM2_BYTES_PER_S / V100_SMS
 LAUNCH_S = 10e-6  # one framework op on the GPU: launch and dispatch (NOTES[2])
 NCCL_STEP_LATENCY_S = 5e-6  # per ring step, intra-node (NOTES[4])
 LINK_EFFICIENCY = 0.8
@@ -89,6 +96,15 @@ NOTES = [
     "(HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME).",
     "[6] Codec kernels and passes (KERNELS in tf_mergecomp/bench/paper_profile.py) are counts "
     "for a straightforward framework implementation of each codec (GRACE-style), not measured.",
+    "[7] Top-k selection: PyTorch's CUDA top-k of the paper's time selected the k-th value of a "
+    "slice by radix select over 2-bit digits (RADIX_BITS 2 in its SortingRadixSelect.cuh: 16 "
+    "passes for float32) and gathered the results, with one thread block per slice; the "
+    "multi-block version came in 2022 (https://github.com/pytorch/pytorch/pull/74267, "
+    "'Parallelize gatherTopK on multiple blocks'). A top-k over one tensor or one merged group "
+    "(one slice) therefore runs on one of the V100's 80 SMs: modelled as %d passes over the "
+    "float32 buffer at 1/80 of HBM2 bandwidth (%.1f ns per element), in the encode of topk "
+    "only (DGC selects on a sample)." % (TOPK_SELECT_PASSES,
+                                        1e9 * 4 * TOPK_SELECT_PASSES / TOPK_SELECT_BYTES_PER_S),
 ]
 
 
@@ -150,13 +166,16 @@ def build(batch_size=32):
     for name, (encode_kernels, encode_passes, decode_kernels, decode_passes) in KERNELS.items():
         compressor = compressors.get(name)
         per_element = 4.0 / HBM2_BYTES_PER_S
+        encode_per_element = encode_passes * per_element
+        if name == "topk":
+            encode_per_element += TOPK_SELECT_PASSES * 4.0 / TOPK_SELECT_BYTES_PER_S
         codecs[name] = {
             "collective_op": compressor.collective,
             "collectives_per_group": 2 if name == "powersgd" else 1,
             "wire": wire_model(compressor, shapes),
             # A merged group flattens its tensors: one copy kernel per tensor.
             "encode": {"fixed_s": encode_kernels * LAUNCH_S,
-                       "per_element_s": encode_passes * per_element,
+                       "per_element_s": encode_per_element,
                        "per_tensor_s": LAUNCH_S},
             "collective": {"fixed_s": 0.0, "per_element_s": 0.0, "per_tensor_s": 0.0},
             "decode": {"fixed_s": decode_kernels * LAUNCH_S,
@@ -186,6 +205,7 @@ def build(batch_size=32):
         },
         "constants": {"launch_s": LAUNCH_S, "hbm2_bytes_per_s": HBM2_BYTES_PER_S,
                       "v100_fp32_flops": V100_FP32_FLOPS, "conv_efficiency": CONV_EFFICIENCY,
+                      "v100_sms": V100_SMS, "topk_select_passes": TOPK_SELECT_PASSES,
                       "link_efficiency": LINK_EFFICIENCY, "kernels": KERNELS},
         "notes": NOTES,
     }

@@ -29,15 +29,30 @@ benchmark's ranks run) and Horovod of size 1:
 - each codec's wire bytes per group (from its ``payload_nbytes``) and its
   collective (allreduce or allgather).
 
-``--processes N`` runs N such children at once and averages them: the cluster
-benchmark runs its ranks on this machine's cores together, and a profile
-meant to predict it should see the same contention.
+``--processes N`` (N >= 2) runs the children as the N ranks of one Horovod job
+over loopback (Gloo, each rank its own "host", as the cluster benchmark's
+ranks are) and averages them. They contend for this machine's cores as the
+cluster's ranks do, and the probe's collectives do a real N-rank exchange:
+the host's share of a collective (Gloo's CPU reduction, software float16
+sums, the copies of every gathered row, the kernel's TCP work) lands in the
+codec's collective part, and an allgather codec's decode reads N rows. The
+profile records N as ``horovod.probe_workers``; the simulator scales those
+per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
+The loopback's own transfer time stays in them (a few GB/s here: about 3% of
+a 1 Gbit/s link's time, 25% of a 10 Gbit/s link's).
+
+``--model`` also takes any Keras model: ``package.module:function`` (a
+function of no arguments returning a built model) or the name of a
+``keras.applications`` model (built at 32x32x3, 10 classes, no weights);
+its data is one synthetic batch of its input's shape and dtype
+(tf_mergecomp/bench/models.py).
 
 The JSON (``SCHEMA``) holds ``source: "measured on <host>"``; a profile built
 from published figures (tf_mergecomp/bench/paper_profile.py) says so there.
 ``load`` checks a profile and names what is missing or wrong.
 """
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -210,12 +225,11 @@ def measure(model_name, codecs, quick, batch_size=32):
 
     hvd.init()
     started = time.perf_counter()
-    dataset = models.synthetic_dataset(model_name, batch_size)
-    features, labels = next(iter(dataset))
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
     # The plain local step: Keras SGD, no Horovod.
     model = models.build_model(model_name)
+    dataset = models.synthetic_dataset(model_name, batch_size, model=model)
+    features, labels = next(iter(dataset))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
     steps = 4 if quick else 8
     model.fit(dataset, steps_per_epoch=3, epochs=1, verbose=0)  # traces, warms up
@@ -398,34 +412,20 @@ def _average(values):
 def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_size=32,
            timeout_s=1800, log=print):
     """The profile of ``model_name`` on this machine (children as the module docstring says)."""
-    from tf_mergecomp import _keras
     from tf_mergecomp.bench import models
     from tf_mergecomp.compressors import NAMES
 
-    models.check_model(model_name)
+    models.check_profile_model(model_name)
     unknown = [c for c in codecs if c not in NAMES]
     if unknown:
         raise ValueError("unknown codec(s) %s; valid choices: %s"
                          % (", ".join(unknown), ", ".join(NAMES)))
     if processes < 1:
         raise ValueError("processes must be >= 1, got %r" % processes)
-    environment = _keras.child_environ(TF_CPP_MIN_LOG_LEVEL="2", TF_CPU_ALLOCATOR_USE_BFC="true")
     command = [sys.executable, "-m", "tf_mergecomp.bench.profile", "--child", model_name,
                ",".join(codecs), "1" if quick else "0", str(batch_size)]
     started = time.time()
-    children = [subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True) for _ in range(processes)]
-    outputs = []
-    for child in children:
-        try:
-            stdout, stderr = child.communicate(timeout=max(1.0, timeout_s - (time.time() - started)))
-        except subprocess.TimeoutExpired:
-            for other in children:
-                other.kill()
-            raise RuntimeError("profiling %s took more than %.0f s" % (model_name, timeout_s))
-        if child.returncode != 0:
-            raise RuntimeError("profiling %s failed:\n%s" % (model_name, stderr[-3000:]))
-        outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+    outputs = _run_children(command, processes, timeout_s, model_name)
     measured = _average(outputs)
     import tensorflow as tf
 
@@ -443,12 +443,16 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
                  "processes": processes, "load_average": list(os.getloadavg())},
         "placement": {"codec_on_compute": True, "decodes_after_backprop": True},
         "horovod": {"cycle_time_s": HOROVOD_CYCLE_S, "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
-                    "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True},
+                    "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True,
+                    "probe_workers": processes},
         "notes": [
             "CPU host, one TensorFlow thread per process: codecs run on the thread that runs "
             "backprop, and decodes wait for the end of backprop (tf_mergecomp/step_model.py).",
-            "codecs.*.collective: the cost of one collective on Horovod of size 1 (no bytes "
-            "moved): this host's per-collective overhead, added to the network's cost.",
+            ("codecs.*.collective: one collective of a %d-rank Horovod job over loopback: "
+             "this host's share of it (Gloo's reduction and copies), added to the "
+             "network's cost" % processes) if processes > 1 else
+            ("codecs.*.collective: the cost of one collective on Horovod of size 1 (no bytes "
+             "moved): this host's per-collective overhead, added to the network's cost."),
             "quick run (fewer probe layouts and repeats)" if quick else "full probe",
         ],
     }
@@ -458,6 +462,48 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
         % (model_name, len(profile["tensors"]["sizes"]), profile["compute"]["step_s"],
            profile["compute"]["ready_s"][-1], len(profile["codecs"]), profile["recording_s"]))
     return validate(profile)
+
+
+def _run_children(command, processes, timeout_s, model_name):
+    """Each child's JSON line: one child on Horovod of size 1, or ``processes``
+    ranks of one Horovod job over loopback (module docstring)."""
+    from tf_mergecomp.bench import launcher
+
+    deadline = time.monotonic() + timeout_s
+    hostnames = ["profile-rank%d" % rank for rank in range(processes)]
+    with launcher.RendezvousServer("127.0.0.1") as server:
+        if processes > 1:
+            server.start(hostnames)
+        children = []
+        for rank in range(processes):
+            if processes > 1:
+                environment = launcher.rank_environment(
+                    rank, processes, hostnames[rank], "lo", "127.0.0.1", server.port,
+                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+            else:
+                environment = launcher.job_environment(
+                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+            children.append(subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True,
+                                             start_new_session=True))
+        # One reader per child: a rank blocked on a full pipe would stall the job.
+        with concurrent.futures.ThreadPoolExecutor(processes) as pool:
+            futures = [pool.submit(child.communicate) for child in children]
+            try:
+                results = [future.result(timeout=max(1.0, deadline - time.monotonic()))
+                           for future in futures]
+            except concurrent.futures.TimeoutError:
+                for child in children:
+                    child.kill()
+                raise RuntimeError("profiling %s took more than %.0f s"
+                                   % (model_name, timeout_s)) from None
+    outputs = []
+    for rank, (child, (stdout, stderr)) in enumerate(zip(children, results)):
+        if child.returncode != 0:
+            raise RuntimeError("profiling %s failed (rank %d of %d, exit %d):\n%s"
+                               % (model_name, rank, processes, child.returncode, stderr[-3000:]))
+        outputs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outputs
 
 
 def to_plain_step(profile):

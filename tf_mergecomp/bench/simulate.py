@@ -105,6 +105,8 @@ class Simulation:
         self.fusion_copies_on_compute = bool(horovod.get("fusion_copies_on_compute",
                                                          self.codec_on_compute))
         self.codecs = profile["codecs"]
+        # The ranks the exchange probe ran on (profile.py, --processes).
+        self.probe_workers = int(horovod.get("probe_workers", 1))
 
     # ---- cost functions ----------------------------------------------------
     def codec_fit(self, name, without=()):
@@ -126,7 +128,7 @@ class Simulation:
         return step_model.NetworkGroupCosts(
             self.codec_fit(name), self.wire(name), kind, network,
             calls=int(codec.get("collectives_per_group", 1)),
-            decode_rows=kind == step_model.ALLGATHER)
+            decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers)
 
     def model(self, costs, tail=None, cycle=True):
         return step_model.StepTimeModel(self.ready, costs, self.tail if tail is None else tail,
@@ -151,7 +153,8 @@ class Simulation:
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
         layout = step_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
                                                   self.fusion_bytes)
-        costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network)
+        costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
+                                           self.probe_workers)
         return layout, self.model(costs).step_time(layout)
 
     def codec_configs(self, name, network, search=True):
