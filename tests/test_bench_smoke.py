@@ -223,13 +223,25 @@ def test_targets_say_by_how_much_they_are_missed():
                 "exchange_s": exchange_s,
                 "config": {"kind": "mergecomp", "algorithm": algorithm, "partition": partition}}
 
-    group = {"workers": 2, "rows": [row("dgc", "layerwise", 100.0, 0.5), row("dgc", "one", 120.0, 0.2),
-                                    row("dgc", "searched", 110.0, 0.1)]}
-    lines = cluster.target_lines(group, single_images_per_s=100.0)
-    assert lines[0] == ("dgc: MergeComp >= 2x layer-wise: missed (throughput 1.10x, "
-                        "exchange 5.00x); within 3% of the better sentinel: missed (8.3% slower); "
+    def horovod(compression, images_per_s):
+        return {"label": "horovod " + compression, "images_per_s": images_per_s,
+                "config": {"kind": "horovod", "compression": compression}}
+
+    group = {"workers": 2, "rows": [horovod("none", 40.0), horovod("fp16", 60.0),
+                                    row("dgc", "layerwise", 100.0, 0.5), row("dgc", "one", 120.0, 0.2),
+                                    row("dgc", "searched", 110.0, 0.1),
+                                    row("topk", "layerwise", 80.0, 0.5), row("topk", "one", 70.0, 0.2),
+                                    row("topk", "searched", 79.0, 0.3)]}
+    lines = cluster.target_lines(group, single_images_per_s=100.0, model="transformer")
+    assert lines[0] == ("dgc: within 3% of the better sentinel: missed (8.3% slower); "
                         "noise not measured")
-    assert lines[1] == "best scaling factor >= 0.90: missed (0.600, dgc one)"
+    assert lines[1] == ("topk: within 3% of the better sentinel: met (1.2% slower); "
+                        "searched >= 1.3x layer-wise: missed (0.988x); noise not measured")
+    assert lines[2] == ("best codec (dgc one, 120 images/s): >= 2.5x Horovod fp32: met (3.00x); "
+                        ">= 1.8x Horovod fp16: met (2.00x)")
+    assert lines[3] == "best scaling factor: 0.600 (dgc one)"
+    # the transformer's own target only on the transformer
+    assert "1.3x" not in " ".join(cluster.target_lines(group, 100.0, model="resnet50"))
 
 
 def test_target_status():
@@ -439,3 +451,17 @@ def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
     assert len(targets) == 2
     assert ": met (" in targets[0] or ": missed (" in targets[0]
     assert targets[1].endswith(": not measured")  # the quick sweep stops at 16 tensors
+
+
+def test_report_of_an_earlier_run_is_rewritten_from_its_json(tmp_path, capsys):
+    from tf_mergecomp.bench.__main__ import main
+
+    source = os.path.join(REPO, "docs", "scaling", "cluster_runs", "transformer_1gbit.json")
+    with open(source) as f:
+        (tmp_path / "cluster.json").write_text(f.read())
+    assert main(["cluster", "--report", str(tmp_path)]) == 0
+    text = (tmp_path / "cluster.md").read_text()
+    assert "### transformer, 2 workers, 1gbit links" in text
+    assert "searched >= 1.3x layer-wise" in text and (tmp_path / "cluster.png").exists()
+    assert main(["cluster", "--report", str(tmp_path / "missing")]) == 2
+    assert "cannot read" in capsys.readouterr().err

@@ -137,6 +137,9 @@ def build_parser():
                       help="transformer, 2 workers, efsignsgd and topk, 8 rounds, a search "
                            "of up to 2 groups (< 10 min)")
     clus.add_argument("--out", default="bench_results/cluster")
+    clus.add_argument("--report", metavar="DIR", default=None,
+                      help="run nothing: rewrite DIR/cluster.md and .png from DIR/cluster.json "
+                           "(an earlier run's figures with this version's report)")
 
     prof = commands.add_parser(
         "profile", help="one model's step profile on this machine (gradient ready times, "
@@ -241,6 +244,13 @@ def main(argv=None):
     if args.command == "cluster":
         from tf_mergecomp.bench import cluster
 
+        if args.report:
+            try:
+                print(cluster.rewrite_report(args.report))
+            except ValueError as error:
+                print("error: %s" % error, file=sys.stderr)
+                return 2
+            return 0
         try:
             cluster.check_args(apply_quick(args))
         except ValueError as error:
