@@ -1,10 +1,10 @@
 """One model's step profile on this machine: what the step-time simulator needs.
 
-    python -m tf_mergecomp.bench profile --model resnet50|vgg16|transformer [--out P.json]
-        [--codecs none,fp16,...] [--quick] [--processes N]
+    python -m tf_mergecomp.bench profile --model resnet50|vgg16|transformer|NAME
+        [--out P.json] [--codecs none,fp16,...] [--quick] [--processes N]
 
 Records, in a child process with one TensorFlow thread (as the cluster
-benchmark's ranks run) and Horovod of size 1:
+benchmark's ranks run) and Horovod of size 1 (or N, below):
 
 - the model's gradient tensors (shapes, element counts) in backprop order;
 - when each gradient becomes ready in a real training step, from the start
@@ -25,7 +25,8 @@ benchmark's ranks run) and Horovod of size 1:
   and layer-wise); ``step_model.LinearGroupCosts.fit`` fits a fixed cost per
   call plus a cost per element and per tensor to each part. With Horovod of
   size 1 the collective moves no bytes: its part is this host's cost of
-  handing a collective to Horovod and back, kept as such by the simulator;
+  handing a collective to Horovod and back, kept as such by the simulator
+  (with N ranks, also the host's share of moving and reducing the bytes);
 - each codec's wire bytes per group (from its ``payload_nbytes``) and its
   collective (allreduce or allgather).
 
@@ -38,8 +39,8 @@ sums, the copies of every gathered row, the kernel's TCP work) lands in the
 codec's collective part, and an allgather codec's decode reads N rows. The
 profile records N as ``horovod.probe_workers``; the simulator scales those
 per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
-The loopback's own transfer time stays in them (a few GB/s here: about 3% of
-a 1 Gbit/s link's time, 25% of a 10 Gbit/s link's).
+The loopback's own transfer time stays in them: they overstate the host's
+share by that much, more so next to a fast link than a slow one.
 
 ``--model`` also takes any Keras model: ``package.module:function`` (a
 function of no arguments returning a built model) or the name of a
