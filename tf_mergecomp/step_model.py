@@ -473,6 +473,13 @@ HOROVOD_FUSION_BYTES = 64 * 2**20  # HOROVOD_FUSION_THRESHOLD's default
 HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default (1 ms)
 
 
+def check_collective(kind):
+    if kind not in COLLECTIVE_KINDS:
+        raise ValueError("unknown collective %r; valid choices: %s"
+                         % (kind, ", ".join(COLLECTIVE_KINDS)))
+    return kind
+
+
 class NetworkCosts:
     """Seconds of one collective on ``workers`` workers joined in a ring.
 
@@ -525,18 +532,14 @@ class NetworkCosts:
     def _ring_share(kind, workers):
         if kind == ALLREDUCE:
             return 2.0 * (workers - 1) / workers
-        if kind == ALLGATHER:
-            return float(workers - 1)
-        raise ValueError("unknown collective %r; valid choices: %s"
-                         % (kind, ", ".join(COLLECTIVE_KINDS)))
+        check_collective(kind)
+        return float(workers - 1)
 
     def collective(self, kind, nbytes):
         if kind == ALLREDUCE:
             return self.allreduce(nbytes)
-        if kind == ALLGATHER:
-            return self.allgather(nbytes)
-        raise ValueError("unknown collective %r; valid choices: %s"
-                         % (kind, ", ".join(COLLECTIVE_KINDS)))
+        check_collective(kind)
+        return self.allgather(nbytes)
 
 
 class WireBytes:
@@ -579,9 +582,7 @@ class NetworkGroupCosts:
 
     def __init__(self, codec, wire, kind, network, calls=1, decode_rows=False,
                  probe_workers=1):
-        if kind not in COLLECTIVE_KINDS:
-            raise ValueError("unknown collective %r; valid choices: %s"
-                             % (kind, ", ".join(COLLECTIVE_KINDS)))
+        check_collective(kind)
         self.codec = codec
         self.wire = wire
         self.kind = kind
@@ -642,9 +643,7 @@ class FusedGroupCosts:
     one collective of the group's bytes."""
 
     def __init__(self, codec, wire, kind, network, probe_workers=1):
-        if kind not in COLLECTIVE_KINDS:
-            raise ValueError("unknown collective %r; valid choices: %s"
-                             % (kind, ", ".join(COLLECTIVE_KINDS)))
+        check_collective(kind)
         self.codec = codec
         self.wire = wire
         self.kind = kind

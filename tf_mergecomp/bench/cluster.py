@@ -637,13 +637,9 @@ def _write(summary, out_dir):
 
 def rewrite_report(out_dir):
     """cluster.md and cluster.png of an earlier run, from its cluster.json."""
-    path = os.path.join(out_dir, "cluster.json")
-    try:
-        with open(path) as f:
-            summary = json.load(f)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError("cannot read %s: %s" % (path, error)) from None
-    return _write(summary, out_dir)
+    from tf_mergecomp.bench import validate
+
+    return _write(validate.load_cluster(out_dir), out_dir)
 
 
 def check_args(args):

@@ -23,7 +23,6 @@ base profile's figures, as the notes say.
 
 import argparse
 import copy
-import json
 import os
 import sys
 
@@ -31,13 +30,9 @@ DEFAULT_BASE = os.path.join("docs", "profiles", "resnet50_2xv100_paper.json")
 
 
 def load_report(path):
-    try:
-        with open(path) as f:
-            report = json.load(f)
-    except OSError as error:
-        raise ValueError("cannot read the gpu-check report %s: %s" % (path, error)) from None
-    except json.JSONDecodeError as error:
-        raise ValueError("the gpu-check report %s is not JSON: %s" % (path, error)) from None
+    from tf_mergecomp.bench.profile import read_json
+
+    report = read_json(path, "gpu-check report")
     if report.get("dry_run"):
         raise ValueError("%s is a dry run's plan: it measured nothing (run `make gpu-check` "
                          "on a host with a GPU)" % path)
@@ -58,7 +53,7 @@ def codec_fits(report):
     by_codec = {}
     for row in report["results"]:
         tensors = int(row["tensors"])
-        elements = float(row.get("elements", row["bytes"] / 4))
+        elements = float(row["elements"])
         calls = 1 if row["mode"] == "group" else tensors
         encode = row["encode_ms"] / 1e3
         decode = max(0.0, row["ms"] / 1e3 - encode)

@@ -139,15 +139,19 @@ def validate(profile):
     return profile
 
 
-def load(path):
+def read_json(path, what):
+    """The JSON at ``path``; a ValueError naming ``what`` it should be if unreadable."""
     try:
         with open(path) as f:
-            profile = json.load(f)
+            return json.load(f)
     except OSError as error:
-        raise ValueError("cannot read the profile %s: %s" % (path, error)) from None
+        raise ValueError("cannot read the %s %s: %s" % (what, path, error)) from None
     except json.JSONDecodeError as error:
-        raise ValueError("the profile %s is not JSON: %s" % (path, error)) from None
-    return validate(profile)
+        raise ValueError("the %s %s is not JSON: %s" % (what, path, error)) from None
+
+
+def load(path):
+    return validate(read_json(path, "profile"))
 
 
 def save(profile, path):
