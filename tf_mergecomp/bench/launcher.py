@@ -241,14 +241,6 @@ def open_launcher(name, cluster):
         yield functools.partial(run_ranks_horovodrun, servers)
 
 
-def tail(path, lines=15):
-    try:
-        with open(path) as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench.launcher",
                                      description="Runs a training script on a virtual cluster "
