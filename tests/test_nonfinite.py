@@ -201,3 +201,33 @@ def test_nonfinite_raise_names_the_variable_on_every_rank_without_hanging():
         (result,) = results[rank]
         assert result["raised_at"] == 3, (rank, result, output[-3000:])
         assert "non-finite gradient" in result["message"] and "dense" in result["message"], result
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_the_check_finds_one_nonfinite_value_at_any_position_of_any_dtype(dtype):
+    """The check reads 32 bytes at a time, four at once, then element by element:
+    one inf or NaN anywhere (vector body, unrolled body, tail; either sign) flags its
+    tensor and no other."""
+    sizes = [1, 7, 129, 300]
+    mergecomp = MergeComp("fp16", partitions=1)
+    shapes = [(n,) for n in sizes]
+    mergecomp._set_layout(_Layout(shapes, [dtype] * len(shapes)))
+    world = FakeWorld(1)
+
+    def flags_with(poisoned, position, value):
+        grads = [np.ones(n, np.float32) for n in sizes]
+        if poisoned is not None:
+            grads[poisoned][position] = value
+        tensors = [tf.constant(g, dtype=dtype) for g in grads]
+
+        def one_rank(rank, comm):
+            _, flags = mergecomp._reduce_group(0, 0, tensors, [], tf.constant(0, tf.int64), comm)
+            return flags.numpy().tolist()
+        return world.run(one_rank)[0]
+
+    assert flags_with(None, 0, 0.0) == [0, 0, 0, 0]
+    for tensor, n in enumerate(sizes):
+        for position in sorted({0, n // 2, n - 1, min(n - 1, 64), min(n - 1, 127)}):
+            for value in (float("inf"), float("-inf"), float("nan")):
+                expected = [int(i == tensor) for i in range(len(sizes))]
+                assert flags_with(tensor, position, value) == expected, (tensor, position, value)

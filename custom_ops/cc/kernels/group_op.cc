@@ -86,17 +86,6 @@ const float* SparseGroupInput::Block(int64_t begin, int64_t count) const {
   return block;
 }
 
-void ZeroTensors(OpKernelContext* context, const GroupLayout& layout,
-                 const std::vector<float*>& arrays) {
-  ForEachBlock(context, NumBlocks(layout.total()), kBlockElements, [&](int64_t block) {
-    const int64_t begin = block * kBlockElements;
-    layout.ForEachPart(begin, std::min(begin + kBlockElements, layout.total()),
-                       [&](int64_t t, int64_t part_begin, int64_t part_end) {
-                         memset(arrays[t] + part_begin, 0, (part_end - part_begin) * sizeof(float));
-                       });
-  });
-}
-
 namespace {
 
 // Runs fn(tensor, begin, end) over every tensor part of the group's flat

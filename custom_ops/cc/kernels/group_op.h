@@ -17,7 +17,9 @@
 #ifndef TF_MERGECOMP_GROUP_OP_H_
 #define TF_MERGECOMP_GROUP_OP_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -120,15 +122,14 @@ class GroupTensorsOutput : public BlockOutput {
   virtual void CastScratch(tensorflow::OpKernelContext* context) const = 0;
 };
 
-// Sets every tensor's array to zero, in parallel.
-void ZeroTensors(tensorflow::OpKernelContext* context, const GroupLayout& layout,
-                 const std::vector<float*>& arrays);
-
 // Maps ascending flat indices to (tensor, index in the tensor) in amortised
 // constant time; an index below the current tensor is looked up afresh.
 class TensorCursor {
  public:
   explicit TensorCursor(const GroupLayout& layout) : layout_(layout) {}
+  // Starting at the tensor holding first_flat_index (< layout.total()).
+  TensorCursor(const GroupLayout& layout, int64_t first_flat_index)
+      : layout_(layout), tensor_(layout.TensorAt(first_flat_index)) {}
   // The tensor holding flat_index < layout.total(); *local receives its index there.
   int64_t Locate(int64_t flat_index, int64_t* local) {
     if (flat_index < layout_.offset(tensor_)) {
@@ -258,25 +259,39 @@ tensorflow::Status WriteThroughContiguous(tensorflow::OpKernelContext* context, 
   return tensorflow::OkStatus();
 }
 
-// The sparse codecs' decode: zeroes the group's per-tensor float32 arrays,
-// calls scatter(arrays) to add or set the sent entries, then hands the arrays
-// to output (in place where the output tensors are float32).
+// The sparse codecs' decode, block by block of the group's flat space (the
+// blocks sharded over the intra-op pool): zeroes the block in the group's
+// per-tensor float32 arrays and at once calls scatter(arrays, begin, end),
+// which adds or sets the sent entries whose flat index lies in [begin, end),
+// so that each block is zeroed and scattered into while it is in cache (a
+// merged group is decoded as layer-wise tensors are). The arrays then go to
+// output (in place where the output tensors are float32). scatter cannot
+// fail: the codec checks its entries before.
 template <typename Scatter>
 tensorflow::Status ZeroAndScatter(tensorflow::OpKernelContext* context, const GroupLayout& layout,
                                   const BlockOutput& output, const Scatter& scatter) {
+  auto zero_and_scatter = [&](const std::vector<float*>& arrays) {
+    ForEachBlock(context, NumBlocks(layout.total()), 2 * kBlockElements, [&](int64_t block) {
+      const int64_t begin = block * kBlockElements;
+      const int64_t end = std::min(begin + kBlockElements, layout.total());
+      layout.ForEachPart(begin, end, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+        memset(arrays[t] + part_begin, 0, (part_end - part_begin) * sizeof(float));
+      });
+      scatter(arrays, begin, end);
+    });
+  };
   if (const GroupTensorsOutput* tensors = output.AsGroupTensors()) {
     std::vector<float*> arrays;
     TF_RETURN_IF_ERROR(tensors->TensorArrays(context, &arrays));
-    ZeroTensors(context, layout, arrays);
-    TF_RETURN_IF_ERROR(scatter(arrays));
+    zero_and_scatter(arrays);
     tensors->CastScratch(context);
     return tensorflow::OkStatus();
   }
   return WriteThroughContiguous(context, layout.total(), output, [&](float* values) {
     std::vector<float*> arrays(layout.num_tensors());
     for (int64_t t = 0; t < layout.num_tensors(); ++t) arrays[t] = values + layout.offset(t);
-    ZeroTensors(context, layout, arrays);
-    return scatter(arrays);
+    zero_and_scatter(arrays);
+    return tensorflow::OkStatus();
   });
 }
 

@@ -204,25 +204,21 @@ class RandomkGroupCodec : public GroupCodec {
                 int32_t* positions) const override {
     TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
     const auto& input = static_cast<const SparseGroupInput&>(block_input);
-    input.Compensate(context, sparse::MakeBlocks(layout.total()), nullptr);
     std::vector<int64_t> first_slot(layout.num_tensors() + 1, 0);
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       first_slot[i + 1] = first_slot[i] + params.tensor_k[i];
     }
-    // Tensors of at least kParallelTensor elements draw with every thread;
-    // the smaller ones are drawn a tensor per thread, all in one sharding.
+    // The positions depend on the seed alone, so they are drawn first; the
+    // one compensation pass then gathers each block's sent values while the
+    // block is in cache. Tensors of at least kParallelTensor elements draw
+    // with every thread; the smaller ones are drawn a tensor per thread, all
+    // in one sharding.
     constexpr int64_t kParallelTensor = int64_t{1} << 20;
-    float* values = reinterpret_cast<float*>(payload);
     auto draw = [&](int64_t i, const auto& run) {
       int32_t* tensor_positions = positions + first_slot[i];
       RandomkSelect(TensorSeed(seed, i), layout.size(i), params.tensor_k[i], tensor_positions, run);
-      input.ForEachRun(layout.offset(i), layout.offset(i + 1),
-                       [&](const float* tensor, int64_t, int64_t) {
-                         for (int64_t slot = 0; slot < params.tensor_k[i]; ++slot) {
-                           values[first_slot[i] + slot] = tensor[tensor_positions[slot]];
-                           tensor_positions[slot] += static_cast<int32_t>(layout.offset(i));
-                         }
-                       });
+      const int32_t offset = static_cast<int32_t>(layout.offset(i));
+      for (int64_t slot = 0; slot < params.tensor_k[i]; ++slot) tensor_positions[slot] += offset;
     };
     const auto serial = [](int64_t num_blocks, const auto& fn) {
       for (int64_t b = 0; b < num_blocks; ++b) fn(b);
@@ -236,11 +232,24 @@ class RandomkGroupCodec : public GroupCodec {
         small.push_back(i);
       }
     }
-    std::vector<int64_t> small_start(small.size() + 1, 0);
-    for (size_t s = 0; s < small.size(); ++s) small_start[s + 1] = small_start[s] + layout.size(small[s]);
+    int64_t small_elements = 0;
+    for (int64_t i : small) small_elements += layout.size(i);
     ForEachBlock(context, static_cast<int64_t>(small.size()),
-                 small.empty() ? 0 : 8 * small_start.back() / static_cast<int64_t>(small.size()),
+                 small.empty() ? 0 : 8 * small_elements / static_cast<int64_t>(small.size()),
                  [&](int64_t s) { draw(small[s], serial); });
+
+    float* values = reinterpret_cast<float*>(payload);
+    const int32_t* all = positions;
+    const int32_t* all_end = positions + first_slot.back();
+    const SparseGroupInput::RunVisitor gather = [&](int64_t, const float* run,
+                                                    int64_t flat_begin, int64_t count) {
+      const int32_t* first = std::lower_bound(all, all_end, flat_begin);
+      const int32_t* last = std::lower_bound(first, all_end, flat_begin + count);
+      for (const int32_t* position = first; position < last; ++position) {
+        values[position - all] = run[*position - flat_begin];
+      }
+    };
+    input.Compensate(context, sparse::MakeBlocks(layout.total()), &gather);
     return tensorflow::OkStatus();
   }
 
@@ -249,22 +258,34 @@ class RandomkGroupCodec : public GroupCodec {
                 const BlockOutput& block_output) const override {
     TF_RETURN_IF_ERROR(CheckTensorK(layout, params));
     const float* values = reinterpret_cast<const float*>(rows);
-    return ZeroAndScatter(context, layout, block_output, [&](const std::vector<float*>& arrays) {
-      int64_t slot = 0;
-      for (int64_t i = 0; i < layout.num_tensors(); ++i) {
-        const float scale = Scale(layout, params, i);
-        float* tensor = arrays[i];
-        const int32_t offset = static_cast<int32_t>(layout.offset(i));
-        for (int64_t end = slot + params.tensor_k[i]; slot < end; ++slot) {
-          const int32_t j = positions[slot] - offset;
-          if (j < 0 || j >= layout.size(i)) {
-            return tensorflow::errors::InvalidArgument("randomk: position ", positions[slot],
-                                                       " is not in tensor ", i);
-          }
-          tensor[j] = params.scale ? values[slot] * scale : values[slot];
+    // Tensor by tensor the positions lie in the tensor and ascend, so all of
+    // them ascend and each block finds its own by binary search.
+    std::vector<float> scales(layout.num_tensors());
+    int64_t slot = 0;
+    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+      scales[i] = Scale(layout, params, i);
+      for (int64_t end = slot + params.tensor_k[i]; slot < end; ++slot) {
+        if (positions[slot] < layout.offset(i) || positions[slot] >= layout.offset(i + 1) ||
+            (slot > 0 && positions[slot] <= positions[slot - 1])) {
+          return tensorflow::errors::InvalidArgument(
+              "randomk: position ", positions[slot], " (slot ", slot, ") is not in tensor ", i,
+              " or not above the one before");
         }
       }
-      return tensorflow::OkStatus();
+    }
+    const int32_t* all = positions;
+    const int32_t* all_end = positions + slot;
+    return ZeroAndScatter(context, layout, block_output, [&](const std::vector<float*>& arrays,
+                                                             int64_t begin, int64_t end) {
+      const int32_t* first = std::lower_bound(all, all_end, begin);
+      const int32_t* last = std::lower_bound(first, all_end, end);
+      TensorCursor cursor(layout, begin);
+      for (const int32_t* position = first; position < last; ++position) {
+        int64_t j = 0;
+        const int64_t t = cursor.Locate(*position, &j);
+        const float value = values[position - all];
+        arrays[t][j] = params.scale ? value * scales[t] : value;
+      }
     });
   }
 

@@ -218,6 +218,12 @@ void SelectAndEmitLargest(int64_t n, int64_t k, KeyFn key, EmitFn emit, Runner r
 
 // Little-endian payload of `k` slots: k float32 values, then k int32 indices.
 inline float* PayloadValues(uint8_t* payload) { return reinterpret_cast<float*>(payload); }
+inline const float* PayloadValues(const uint8_t* payload) {
+  return reinterpret_cast<const float*>(payload);
+}
+inline const int32_t* PayloadIndices(const uint8_t* payload, int64_t k) {
+  return reinterpret_cast<const int32_t*>(payload + 4 * k);
+}
 inline int32_t* PayloadIndices(uint8_t* payload, int64_t k) {
   return reinterpret_cast<int32_t*>(payload + 4 * k);
 }

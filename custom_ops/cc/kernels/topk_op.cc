@@ -332,53 +332,74 @@ Status EncodeGroupTopk(OpKernelContext* context, const SparseGroupInput& input, 
   return tensorflow::OkStatus();
 }
 
+namespace {
+
+// One worker's sparse payload as the decoder reads it: the slots [0,
+// ascending) whose indices do not descend (all of them but DGC's padding,
+// index 0, at the end), found by binary search per block; the rest, `tail`,
+// sorted by index with slot order kept among equal ones.
+struct SparseRow {
+  const float* values;
+  const int32_t* indices;
+  int64_t ascending;
+  std::vector<std::pair<int32_t, float>> tail;
+};
+
+}  // namespace
+
 Status SparseGroupCodec::Decode(OpKernelContext* context, const uint8_t* rows, int64_t num_rows,
                                 const int32_t*, const GroupLayout& layout,
                                 const GroupCodecParams& params, const BlockOutput& output) const {
   const int64_t n = layout.total();
   const int64_t k = params.k;
-  return ZeroAndScatter(context, layout, output, [&](const std::vector<float*>& arrays) {
-    // Worker by worker, slot by slot: the reference's tensor_scatter_nd_add
-    // order. Each row's indices ascend (DGC's padding, index 0, comes last).
-    for (int64_t w = 0; w < num_rows; ++w) {
-      const uint8_t* payload = rows + w * 8 * k;
-      TensorCursor cursor(layout);
-      for (int64_t slot = 0; slot < k; ++slot) {
-        float value;
-        int32_t index;
-        std::memcpy(&value, payload + 4 * slot, 4);
-        std::memcpy(&index, payload + 4 * k + 4 * slot, 4);
-        if (index < 0 || index >= n) {
-          return tensorflow::errors::InvalidArgument("sparse payload of worker ", w,
-                                                     " holds index ", index, " outside [0, ", n,
-                                                     ")");
-        }
-        int64_t j = 0;
-        const int64_t t = cursor.Locate(index, &j);
-        arrays[t][j] += value;
+  std::vector<SparseRow> sparse_rows(num_rows);
+  for (int64_t w = 0; w < num_rows; ++w) {
+    SparseRow& row = sparse_rows[w];
+    row.values = sparse::PayloadValues(rows + w * 8 * k);
+    row.indices = sparse::PayloadIndices(rows + w * 8 * k, k);
+    row.ascending = k;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      const int32_t index = row.indices[slot];
+      if (index < 0 || index >= n) {
+        return tensorflow::errors::InvalidArgument("sparse payload of worker ", w,
+                                                   " holds index ", index, " outside [0, ", n,
+                                                   ")");
       }
+      if (row.ascending == k && slot > 0 && index < row.indices[slot - 1]) row.ascending = slot;
+    }
+    for (int64_t slot = row.ascending; slot < k; ++slot) {
+      row.tail.emplace_back(row.indices[slot], row.values[slot]);
+    }
+    std::stable_sort(row.tail.begin(), row.tail.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+  const float divisor = static_cast<float>(num_rows);
+  return ZeroAndScatter(context, layout, output, [&](const std::vector<float*>& arrays,
+                                                     int64_t begin, int64_t end) {
+    // Worker by worker, slot by slot: each element receives its entries in
+    // the order of the reference's tensor_scatter_nd_add over all rows.
+    TensorCursor cursor(layout, begin);
+    auto add = [&](int32_t index, float value) {
+      int64_t j = 0;
+      const int64_t t = cursor.Locate(index, &j);
+      arrays[t][j] += value;
+    };
+    for (const SparseRow& row : sparse_rows) {
+      const int32_t* first = std::lower_bound(row.indices, row.indices + row.ascending, begin);
+      const int32_t* last = std::lower_bound(first, row.indices + row.ascending, end);
+      for (const int32_t* slot = first; slot < last; ++slot) {
+        add(*slot, row.values[slot - row.indices]);
+      }
+      auto tail = std::lower_bound(row.tail.begin(), row.tail.end(), begin,
+                                   [](const auto& entry, int64_t i) { return entry.first < i; });
+      for (; tail != row.tail.end() && tail->first < end; ++tail) add(tail->first, tail->second);
     }
     if (num_rows > 1) {
-      // Every entry is divided by W; the untouched zeros stay +0 (0 / W).
-      // Each touched entry once: a bit per element marks those done.
-      const float divisor = static_cast<float>(num_rows);
-      std::vector<uint64_t> done((n + 63) / 64, 0);
-      for (int64_t w = 0; w < num_rows; ++w) {
-        const uint8_t* payload = rows + w * 8 * k;
-        TensorCursor cursor(layout);
-        for (int64_t slot = 0; slot < k; ++slot) {
-          int32_t index;
-          std::memcpy(&index, payload + 4 * k + 4 * slot, 4);
-          const uint64_t bit = uint64_t{1} << (index & 63);
-          if (done[index >> 6] & bit) continue;
-          done[index >> 6] |= bit;
-          int64_t j = 0;
-          const int64_t t = cursor.Locate(index, &j);
-          arrays[t][j] = arrays[t][j] / divisor;
-        }
-      }
+      // The mean: the untouched zeros stay +0 (0 / W), so the whole block is divided.
+      layout.ForEachPart(begin, end, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+        for (int64_t j = part_begin; j < part_end; ++j) arrays[t][j] = arrays[t][j] / divisor;
+      });
     }
-    return tensorflow::OkStatus();
   });
 }
 
