@@ -209,6 +209,17 @@ class CompensatedSparseInput : public SparseGroupInput {
     return 0;
   }
 
+  void TakeSent(int64_t t, int64_t j, float sent) const override {
+    float* buffer = state_.buffer(t);
+    if (memory_ == Memory::kResidual) {
+      buffer[j] = buffer[j] - sent;
+    } else if (memory_ == Memory::kDgc) {
+      float* v = buffer + layout_.size(t);
+      v[j] = v[j] - sent;
+      buffer[j] = buffer[j] * (sent == 0.0f ? 1.0f : 0.0f);
+    }
+  }
+
   float ValueBefore(int64_t flat_index) const override {
     const int64_t t = layout_.TensorAt(flat_index);
     float value = 0.0f;
@@ -604,20 +615,16 @@ class GroupEncodeOp : public OpKernel {
         scratch_size > 0 ? scratch.flat<float>().data() : nullptr);
     TF_RETURN_IF_ERROR(codec_->Encode(context, compensated, layout, params_, seed, payload,
                                       codec_context));
-    if (memory_ != Memory::kResidual && memory_ != Memory::kDgc) return tensorflow::OkStatus();
+    if ((memory_ != Memory::kResidual && memory_ != Memory::kDgc) ||
+        codec_->TakesSentWhileEncoding()) {
+      return tensorflow::OkStatus();
+    }
     // Sent entries come in ascending flat order (but for DGC's padding).
     TensorCursor cursor(layout);
     codec_->ForEachSent(payload, codec_context, layout, params_, [&](int64_t index, float value) {
       int64_t j = 0;
       const int64_t t = cursor.Locate(index, &j);
-      float* buffer = state.buffer(t);
-      if (memory_ == Memory::kResidual) {
-        buffer[j] = buffer[j] - value;
-      } else {
-        float* v = buffer + layout.size(t);
-        v[j] = v[j] - value;
-        buffer[j] = buffer[j] * (value == 0.0f ? 1.0f : 0.0f);
-      }
+      compensated.TakeSent(t, j, value);
     });
     return tensorflow::OkStatus();
   }

@@ -100,6 +100,12 @@ class SparseGroupInput : public BlockInput {
     const int64_t t = layout_.TensorAt(flat_index);
     return runs_[t][flat_index - layout_.offset(t)];
   }
+  // Once the entry at index j of tensor t is compensated: takes `sent` (the
+  // entry as Decode adds it) out of the state, as the encode op otherwise
+  // does after Encode (residual: e <- p - sent; dgc: v <- p - sent, u <- u *
+  // (sent == 0); the other memories keep nothing of it).
+  virtual void TakeSent(int64_t t, int64_t j, float sent) const = 0;
+
   const float* Block(int64_t begin, int64_t count) const override;
   const float* Contiguous() const override {
     return layout_.num_tensors() == 1 ? runs_[0] : nullptr;
@@ -168,12 +174,17 @@ class GroupCodec {
 
   // True for the codecs that send selected entries of the group (topk, dgc,
   // randomk): their Encode gets a SparseGroupInput (and calls its Compensate
-  // once), and the encode op updates the error-feedback state from
-  // ForEachSent instead of decoding the whole payload again.
+  // once), and the error-feedback state is updated at the sent entries only
+  // (by the encode op from ForEachSent, or by Encode itself), not from a
+  // decode of the whole payload.
   virtual bool SendsEntries() const { return false; }
+  // True for a codec sending entries whose Encode takes them out of the state
+  // itself (SparseGroupInput::TakeSent) while each block is in cache.
+  virtual bool TakesSentWhileEncoding() const { return false; }
 
   // Calls sent(flat_index, value) for every entry of this worker's payload as
-  // Decode would add it (padding slots included), in slot order.
+  // Decode would add it (padding slots included), in slot order; needed
+  // unless TakesSentWhileEncoding.
   virtual void ForEachSent(const uint8_t* /*payload*/, const int32_t* /*codec_context*/,
                            const GroupLayout& /*layout*/, const GroupCodecParams& /*params*/,
                            const std::function<void(int64_t, float)>& /*sent*/) const {}

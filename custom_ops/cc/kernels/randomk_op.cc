@@ -185,19 +185,7 @@ class RandomkGroupCodec : public GroupCodec {
     return slots;
   }
   bool SendsEntries() const override { return true; }
-
-  void ForEachSent(const uint8_t* payload, const int32_t* positions, const GroupLayout& layout,
-                   const GroupCodecParams& params,
-                   const std::function<void(int64_t, float)>& sent) const override {
-    const float* values = reinterpret_cast<const float*>(payload);
-    int64_t slot = 0;
-    for (int64_t i = 0; i < layout.num_tensors(); ++i) {
-      const float scale = Scale(layout, params, i);
-      for (int64_t end = slot + params.tensor_k[i]; slot < end; ++slot) {
-        sent(positions[slot], params.scale ? values[slot] * scale : values[slot]);
-      }
-    }
-  }
+  bool TakesSentWhileEncoding() const override { return true; }
 
   Status Encode(OpKernelContext* context, const BlockInput& block_input, const GroupLayout& layout,
                 const GroupCodecParams& params, int64_t seed, uint8_t* payload,
@@ -209,8 +197,8 @@ class RandomkGroupCodec : public GroupCodec {
       first_slot[i + 1] = first_slot[i] + params.tensor_k[i];
     }
     // The positions depend on the seed alone, so they are drawn first; the
-    // one compensation pass then gathers each block's sent values while the
-    // block is in cache. Tensors of at least kParallelTensor elements draw
+    // one compensation pass then gathers each block's sent values and takes
+    // them out of the state while the block is in cache. Tensors of at least kParallelTensor elements draw
     // with every thread; the smaller ones are drawn a tensor per thread, all
     // in one sharding.
     constexpr int64_t kParallelTensor = int64_t{1} << 20;
@@ -245,8 +233,14 @@ class RandomkGroupCodec : public GroupCodec {
                                                     int64_t flat_begin, int64_t count) {
       const int32_t* first = std::lower_bound(all, all_end, flat_begin);
       const int32_t* last = std::lower_bound(first, all_end, flat_begin + count);
+      if (first == last) return;
+      const int64_t t = layout.TensorAt(flat_begin);
+      const int64_t offset = layout.offset(t);
+      const float scale = Scale(layout, params, t);
       for (const int32_t* position = first; position < last; ++position) {
-        values[position - all] = run[*position - flat_begin];
+        const float value = run[*position - flat_begin];
+        values[position - all] = value;
+        input.TakeSent(t, *position - offset, params.scale ? value * scale : value);
       }
     };
     input.Compensate(context, sparse::MakeBlocks(layout.total()), &gather);
