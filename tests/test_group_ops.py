@@ -124,9 +124,10 @@ def gapped_grads(rank, step, shapes, dtypes):
 def test_large_sparse_group_matches_the_plain_tf_group(name, make):
     """Groups large enough for the one-pass selections (a sampled threshold,
     then compare and collect; random-k's keys above a computed threshold),
-    default ratios: bit for bit as the plain-TF path, over several steps."""
-    shapes = [(300, 700), (70_000,), (5,), (90_000,)]
-    dtypes = [tf.float32, tf.float16, tf.float32, tf.float32]
+    default ratios: bit for bit as the plain-TF path, over several steps.
+    Random-k collects above the threshold from 1024 elements of a tensor on."""
+    shapes = [(300, 700), (70_000,), (5,), (90_000,), (40, 100), (1500,)]
+    dtypes = [tf.float32, tf.float16, tf.float32, tf.float32, tf.float32, tf.bfloat16]
     runs = []
     for backend in ("op", "reference"):
         mergecomps = [MergeComp(compressors.get(name, backend=backend), partitions=1)

@@ -73,8 +73,10 @@ MERGECOMP_AVX2 void CollectKeysAvx2(SeedKey seed_key, int64_t begin, int64_t end
 }
 #endif
 
-// Below this many positions the radix select over all keys is as quick.
-constexpr int64_t kRandomkMinCollect = 1 << 16;
+// Below this many positions the radix select over all keys is as quick (at
+// 16K positions it took 2.3x as long as the collection: 256 tensors of 16K,
+// one group, 27.4 ms vs 11.9 ms).
+constexpr int64_t kRandomkMinCollect = 1 << 10;
 
 }  // namespace
 
