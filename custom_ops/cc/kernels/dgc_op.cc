@@ -254,17 +254,30 @@ class DgcGroupCodec : public SparseGroupCodec {
     }
     const int64_t sample_size = params.sample_size;
     const SeedKey seed_key = MakeSeedKey(seed);
+    // The threshold depends on the sample as a multiset, so its positions are
+    // put in ascending order of 32K-element spans (a counting sort) before
+    // the values are read: reads moving forward through g and the state
+    // overlap their cache misses far better than random ones (ResNet50's
+    // gradients as one group: the sample's reads took a quarter of the encode).
+    std::vector<uint32_t> positions(sample_size);
+    constexpr int kSpanBits = 15;
+    std::vector<int64_t> span_start((n >> kSpanBits) + 2, 0);
+    for (int64_t j = 0; j < sample_size; ++j) {
+      const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
+      positions[j] = static_cast<uint32_t>((bits * static_cast<uint64_t>(n)) >> 32);
+      ++span_start[(positions[j] >> kSpanBits) + 1];
+    }
+    for (size_t span = 1; span < span_start.size(); ++span) span_start[span] += span_start[span - 1];
+    std::vector<uint32_t> ordered(sample_size);
+    for (int64_t j = 0; j < sample_size; ++j) ordered[span_start[positions[j] >> kSpanBits]++] = positions[j];
     std::vector<float> sample(sample_size);
-    // Random reads (of g and the state): in parallel, so their misses overlap.
+    // In parallel too, so the misses of the threads overlap.
     constexpr int64_t kSampleChunk = 8192;
     ForEachBlock(context, CeilDiv(sample_size, kSampleChunk), 200 * kSampleChunk,
                  [&](int64_t chunk) {
                    const int64_t end = std::min(sample_size, (chunk + 1) * kSampleChunk);
                    for (int64_t j = chunk * kSampleChunk; j < end; ++j) {
-                     const uint64_t bits = RandomBits(seed_key, static_cast<uint32_t>(j));
-                     const int64_t position =
-                         static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
-                     sample[j] = KeyToFloat(sparse::MagnitudeKey(input.ValueBefore(position)));
+                     sample[j] = KeyToFloat(sparse::MagnitudeKey(input.ValueBefore(ordered[j])));
                    }
                  });
     const int64_t rank = DgcSampleRank(n, k, sample_size);
