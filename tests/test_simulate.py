@@ -166,6 +166,25 @@ def tiny_profile(n=12):
     }
 
 
+def test_a_cpu_hosts_collective_cpu_slows_layerwise_more_than_one_group():
+    """A profile's collective_cpu (a CPU host: codec_on_compute) bounds each
+    config's step from below by its CPU work: one collective's worth for one
+    group, one per tensor for layer-wise and for Horovod's own allreduce."""
+    profile = tiny_profile()
+    profile["placement"]["codec_on_compute"] = True
+    network = step_model.NetworkCosts(2, 100e9 / 8)
+    before = simulate.Simulation(profile)
+    for codec in profile["codecs"].values():
+        codec["collective_cpu"] = {"fixed_s": 0.01, "per_element_s": 0.0, "per_tensor_s": 0.0}
+    after = simulate.Simulation(profile_module.validate(profile))
+    old, new = (s.codec_configs("efsignsgd", network, search=False)[0] for s in (before, after))
+    n = len(profile["tensors"]["sizes"])
+    assert new["one group"][1] >= old["one group"][1]
+    assert new["layer-wise"][1] >= 0.06 + n * 0.01  # backprop ends at 0.06
+    assert new["layer-wise"][1] - new["one group"][1] >= (n - 1) * 0.01 - 0.02
+    assert after.horovod("fp32", network)[1] >= 0.06 + n * 0.01
+
+
 def test_profile_round_trip(tmp_path):
     original = tiny_profile()
     path = profile_module.save(original, str(tmp_path / "p.json"))
@@ -340,6 +359,11 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     assert profile["codecs"]["efsignsgd"]["collective_op"] == "allgather"
     # a real 2-rank collective costs this host something
     assert profile["codecs"]["fp16"]["collective"]["fixed_s"] > 0
+    for codec in profile["codecs"].values():  # and some of it is CPU work
+        cpu = codec["collective_cpu"]
+        assert cpu["fixed_s"] >= 0 and cpu["per_element_s"] >= 0
+    assert any(c["collective_cpu"]["fixed_s"] + c["collective_cpu"]["per_element_s"] > 0
+               for c in profile["codecs"].values())
     simulated = subprocess.run(
         [sys.executable, "-m", "tf_mergecomp.bench", "simulate", "--profile", str(out),
          "--workers", "2,8", "--bandwidth", "1gbit", "--out", str(tmp_path / "sim")],

@@ -127,6 +127,23 @@ def test_codec_on_compute_delays_backprop():
     assert shared["encode"][0] == pytest.approx((0.1, 0.15))
 
 
+def test_a_cpu_hosts_collective_work_bounds_the_step_from_below():
+    # Two groups whose collectives overlap backprop (0.01 s each on the network),
+    # but cost the host 0.04 s of CPU each: on a CPU host (codec_on_compute) the
+    # step takes at least backprop + codec tasks + that CPU work + the tail.
+    costs = LinearGroupCosts([1, 1], [[0.01, 0, 0], [0.01, 0, 0], [0.0, 0, 0]])
+    host_cpu = lambda lo, hi: np.full(np.shape(lo), 0.04)  # noqa: E731
+    plain = StepTimeModel([0.1, 0.2], costs, tail=0.005)
+    cpu_bound = StepTimeModel([0.1, 0.2], costs, tail=0.005, host_cpu=host_cpu)
+    assert plain.step_time((1,)) == pytest.approx(0.2 + 0.01 + 0.01 + 0.01 + 0.005)
+    assert cpu_bound.step_time((1,)) == pytest.approx(0.2 + 2 * 0.01 + 2 * 0.04 + 0.005)
+    assert cpu_bound.step_time(()) == pytest.approx(0.2 + 0.01 + 0.04 + 0.005)
+    own_stream = StepTimeModel([0.1, 0.2], costs, tail=0.005, codec_on_compute=False,
+                               host_cpu=host_cpu)
+    assert own_stream.step_time((1,)) == pytest.approx(
+        StepTimeModel([0.1, 0.2], costs, tail=0.005, codec_on_compute=False).step_time((1,)))
+
+
 def test_collectives_run_one_at_a_time_in_group_order():
     costs = LinearGroupCosts([1, 1, 1], [[0, 0, 0], [0.1, 0, 0], [0, 0, 0]])
     timeline = StepTimeModel([0.0, 0.01, 0.02], costs, codec_on_compute=False).timeline((1, 2))

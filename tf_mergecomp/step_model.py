@@ -176,10 +176,15 @@ class StepTimeModel:
         by the background thread's first pass (every ``cycle_s`` from the
         step's start) after its encode ends; the collectives of one pass run
         back to back, so many small ones cost one wait, not one each.
+      host_cpu: ``host_cpu(lo, hi) -> seconds`` of the CPU work each group's
+        collectives do on the host (Horovod's negotiation, Gloo's copies and
+        sums), or None. With codec_on_compute (a CPU host whose cores all run
+        backprop) that work cannot overlap backprop: a step then takes at
+        least backprop, every codec task, all of it and the tail.
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
-                 decodes_after_backprop=False, cycle_s=0.0):
+                 decodes_after_backprop=False, cycle_s=0.0, host_cpu=None):
         ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
         if ready.ndim != 1 or len(ready) == 0:
             raise ValueError("ready must list at least one gradient's ready time")
@@ -194,6 +199,7 @@ class StepTimeModel:
         if not cycle_s >= 0:
             raise ValueError("cycle_s must be non-negative seconds, got %r" % (cycle_s,))
         self.cycle_s = float(cycle_s)
+        self.host_cpu = host_cpu
 
     # ------------------------------------------------------------------ public
     def step_time(self, splits):
@@ -238,7 +244,14 @@ class StepTimeModel:
             self._run_on_compute(state, rows, hi, encode, collective, decode)
         else:
             self._run_on_own_stream(state, rows, hi, encode, collective, decode)
-        result = {"step": state.step + self.tail, "backprop_end": state.backprop_end}
+        step = state.step + self.tail
+        if self.host_cpu is not None and self.codec_on_compute:
+            cpu = np.broadcast_to(np.asarray(self.host_cpu(lo, hi), dtype=np.float64),
+                                  (layouts, groups))
+            busy = (self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1)
+                    + cpu.sum(axis=1) + self.tail)
+            step = np.maximum(step, busy)
+        result = {"step": step, "backprop_end": state.backprop_end}
         if record:
             result.update(encode=state.encode_span, collective=state.collective_span,
                           decode=state.decode_span)

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -272,8 +273,11 @@ class ExchangeProbe:
 
     ``run(splits, repeats)`` returns a [repeats, groups, 3] array: per call
     (after one that traces) and group, its encode, collective and decode
-    seconds on this rank. Every rank must make the same calls (they run
-    collectives). ``traces`` counts the probe's traced functions.
+    seconds on this rank; ``cpu_s`` then holds each call's CPU seconds of the
+    whole process (every thread: TensorFlow's, Horovod's background thread,
+    Gloo's), from which the profile takes what the collectives cost the
+    host's CPU. Every rank must make the same calls (they run collectives).
+    ``traces`` counts the probe's traced functions.
     """
 
     def __init__(self, compression, seed=0):
@@ -293,6 +297,7 @@ class ExchangeProbe:
                           for shape, dtype in zip(shapes[::-1], dtypes[::-1])]
         self._reduce = self.mergecomp.make_reduce_fn()
         self.traces = 0
+        self.cpu_s = []
 
     def run(self, splits, repeats=3):
         self.mergecomp.set_partition(list(splits) if splits else 1)
@@ -318,8 +323,11 @@ class ExchangeProbe:
             self.mergecomp.step_recorder = None
         self.traces += 1
         samples = []
+        self.cpu_s = []
         for _ in range(repeats):
+            cpu_started = time.process_time()
             function(self.gradients).numpy()
+            self.cpu_s.append(time.process_time() - cpu_started)
             groups = recorder.read()
             samples.append(np.stack([groups[:, ENCODE_END] - groups[:, GROUP_START],
                                      groups[:, COLLECTIVE_END] - groups[:, ENCODE_END],

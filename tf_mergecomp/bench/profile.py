@@ -126,7 +126,8 @@ def validate(profile):
         extra = wire.get("tensor_bytes")
         if extra is not None and len(extra) != n:
             raise ValueError("profile: %s.wire.tensor_bytes needs %d values" % (where, n))
-        for part in PARTS:
+        # collective_cpu (optional): the collectives' CPU work on the host.
+        for part in PARTS + (("collective_cpu",) if "collective_cpu" in codec else ()):
             coefficients = _require(codec, part, where, dict)
             for key in COEFFICIENTS:
                 value = _require(coefficients, key, "%s.%s" % (where, part), (int, float))
@@ -311,6 +312,7 @@ def measure(model_name, codecs, quick, batch_size=32):
         shim = _ProbeSource(codec_mergecomp, shapes, dtypes)
         probe = step_recorder.ExchangeProbe(shim)
         groups, seconds = [], []
+        cpu_features, collective_cpu = [], []
         for layout in layouts:
             samples = probe.run(layout, repeats=repeats)  # [repeats, groups, 3]
             bounds = (0,) + layout + (n,)
@@ -318,6 +320,12 @@ def measure(model_name, codecs, quick, batch_size=32):
             for index in range(len(bounds) - 1):
                 groups.append((bounds[index], bounds[index + 1]))
                 seconds.append(medians[index].tolist())
+            # The process's CPU seconds beyond the encodes and decodes (which
+            # run on TensorFlow's thread, busy all along): the collectives'
+            # work on the host's CPU, for all the layout's groups together.
+            cpu_features.append((len(bounds) - 1, float(sum(sizes)), n))
+            collective_cpu.append(max(0.0, float(np.median(probe.cpu_s))
+                                      - float(medians[:, 0].sum() + medians[:, 2].sum())))
         fit = step_model.LinearGroupCosts.fit(sizes, groups, seconds)
         described = fit.describe()
         compressor = codec_mergecomp.compressor
@@ -333,6 +341,15 @@ def measure(model_name, codecs, quick, batch_size=32):
         for part in PARTS:
             entry[part] = {key: float(described[part][key]) for key in COEFFICIENTS}
             entry[part]["per_input_byte_s"] = float(described[part]["per_element_s"]) / 4.0
+        if hvd.size() > 1:
+            # Every layout holds all tensors, so only the per-collective term is
+            # told apart; the rest of a layout's CPU is spread per element.
+            fixed, per_element, per_tensor = step_model.fit_coefficients(cpu_features,
+                                                                         collective_cpu)
+            entry["collective_cpu"] = {
+                "fixed_s": float(fixed),
+                "per_element_s": float(per_element + per_tensor * n / max(1.0, sum(sizes))),
+                "per_tensor_s": 0.0}
         codec_entries[name] = entry
         print("[profile] %s: %d groups probed in %.1f s" % (name, len(groups),
                                                            entry["probe_s"]), file=sys.stderr,

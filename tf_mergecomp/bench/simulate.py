@@ -130,10 +130,31 @@ class Simulation:
             calls=int(codec.get("collectives_per_group", 1)),
             decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers)
 
-    def model(self, costs, tail=None, cycle=True):
+    def collective_cpu(self, name, network, per_tensor=False):
+        """``host_cpu(lo, hi)`` of the codec's collectives (the profile's
+        ``collective_cpu``, its per-element share scaled to W workers), or None
+        for a profile without it. per_tensor: one negotiation per tensor
+        (Horovod's own allreduce: every tensor is a request, then fused)."""
+        cpu = self.codecs[name].get("collective_cpu")
+        if cpu is None:
+            return None
+        kind = self.codecs[name]["collective_op"]
+        fixed = float(cpu["fixed_s"])
+        per_element = float(cpu["per_element_s"]) * network.host_scale(kind, self.probe_workers)
+        cumulative = np.concatenate([[0.0], np.cumsum(self.sizes)])
+
+        def host_cpu(lo, hi):
+            lo, hi = np.asarray(lo), np.asarray(hi)
+            calls = (hi - lo) if per_tensor else 1.0
+            return fixed * calls + per_element * (cumulative[hi] - cumulative[lo])
+
+        return host_cpu
+
+    def model(self, costs, tail=None, cycle=True, host_cpu=None):
         return step_model.StepTimeModel(self.ready, costs, self.tail if tail is None else tail,
                                         self.codec_on_compute, self.decodes_after_backprop,
-                                        cycle_s=self.cycle_s if cycle else 0.0)
+                                        cycle_s=self.cycle_s if cycle else 0.0,
+                                        host_cpu=host_cpu)
 
     # ---- configs -------------------------------------------------------------
     def horovod(self, which, network):
@@ -155,12 +176,13 @@ class Simulation:
                                                   self.fusion_bytes)
         costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
                                            self.probe_workers)
-        return layout, self.model(costs).step_time(layout)
+        host_cpu = self.collective_cpu(name, network)
+        return layout, self.model(costs, host_cpu=host_cpu).step_time(layout)
 
     def codec_configs(self, name, network, search=True):
         """{mode: (layout, seconds)} and the search's account for one codec."""
         costs = self.codec_costs(name, network)
-        model = self.model(costs)
+        model = self.model(costs, host_cpu=self.collective_cpu(name, network))
         n = self.num_tensors
         layerwise = tuple(range(1, n))
         results = {"layer-wise": (layerwise, model.step_time(layerwise)),

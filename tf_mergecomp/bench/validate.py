@@ -57,8 +57,9 @@ def scaled_profile(profile, local_step_s):
     for name, codec in profile["codecs"].items():
         codec = dict(codec)
         if profile["placement"]["codec_on_compute"]:
-            for part in ("encode", "collective", "decode"):
-                codec[part] = {key: value * factor for key, value in codec[part].items()}
+            for part in ("encode", "collective", "decode", "collective_cpu"):
+                if part in codec:
+                    codec[part] = {key: value * factor for key, value in codec[part].items()}
         codecs[name] = codec
     return dict(profile, compute=compute, codecs=codecs)
 
@@ -74,7 +75,8 @@ def _predict(simulation, network, row):
         splits = tuple(range(1, simulation.num_tensors))
     elif config["partition"] == "one":
         splits = ()
-    return simulation.model(costs).step_time(splits)
+    host_cpu = simulation.collective_cpu(config["algorithm"], network)
+    return simulation.model(costs, host_cpu=host_cpu).step_time(splits)
 
 
 def compare(cluster_runs, profiles, latency=None):

@@ -86,7 +86,8 @@ constexpr int64_t kRandomkMinCollect = 1 << 10;
 // those reaching it, and the k largest of these few are selected. Should
 // fewer than k reach it (beyond six standard deviations), the radix select
 // over all keys decides. Either way: the k largest keys, ties to the lower
-// index, as the CUDA kernel and the reference choose.
+// index, as the CUDA kernel and the reference choose, written to indices in
+// ascending order (the group codec's gather and decode rely on it).
 template <typename Runner>
 void RandomkSelect(int64_t seed, int64_t n, int64_t k, int32_t* indices, const Runner& run) {
   if (k == 0) return;
@@ -198,11 +199,12 @@ class RandomkGroupCodec : public GroupCodec {
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       first_slot[i + 1] = first_slot[i] + params.tensor_k[i];
     }
-    // The positions depend on the seed alone, so they are drawn first; the
-    // one compensation pass then gathers each block's sent values and takes
-    // them out of the state while the block is in cache. Tensors of at least kParallelTensor elements draw
-    // with every thread; the smaller ones are drawn a tensor per thread, all
-    // in one sharding.
+    // The positions depend on the seed alone, so they are drawn first (in
+    // ascending order, tensor after tensor); the one compensation pass then
+    // gathers each block's sent values and takes them out of the state while
+    // the block is in cache. Tensors of at least kParallelTensor elements
+    // draw with every thread; the smaller ones are drawn a tensor per thread,
+    // all in one sharding.
     constexpr int64_t kParallelTensor = int64_t{1} << 20;
     auto draw = [&](int64_t i, const auto& run) {
       int32_t* tensor_positions = positions + first_slot[i];
