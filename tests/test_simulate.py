@@ -169,7 +169,8 @@ def tiny_profile(n=12):
 def test_a_cpu_hosts_collective_cpu_slows_layerwise_more_than_one_group():
     """A profile's collective_cpu (a CPU host: codec_on_compute) bounds each
     config's step from below by its CPU work: one collective's worth for one
-    group, one per tensor for layer-wise and for Horovod's own allreduce."""
+    group, one per tensor for layer-wise, one per fused collective for
+    Horovod's own allreduce (here one per tensor: each is ready in another cycle)."""
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True
     network = step_model.NetworkCosts(2, 100e9 / 8)

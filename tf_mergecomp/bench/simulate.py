@@ -130,11 +130,12 @@ class Simulation:
             calls=int(codec.get("collectives_per_group", 1)),
             decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers)
 
-    def collective_cpu(self, name, network, per_tensor=False):
-        """``host_cpu(lo, hi)`` of the codec's collectives (the profile's
-        ``collective_cpu``, its per-element share scaled to W workers), or None
-        for a profile without it. per_tensor: one negotiation per tensor
-        (Horovod's own allreduce: every tensor is a request, then fused)."""
+    def collective_cpu(self, name, network):
+        """``host_cpu(lo, hi)`` of the codec's collectives, one per group (the
+        profile's ``collective_cpu``, its per-element share scaled to W
+        workers), or None for a profile without it. Horovod's fused allreduces
+        pay it once per fused collective: per tensor, it predicted Horovod fp32
+        55% too slow on loopback (docs/scaling.md, section 3)."""
         cpu = self.codecs[name].get("collective_cpu")
         if cpu is None:
             return None
@@ -144,9 +145,7 @@ class Simulation:
         cumulative = np.concatenate([[0.0], np.cumsum(self.sizes)])
 
         def host_cpu(lo, hi):
-            lo, hi = np.asarray(lo), np.asarray(hi)
-            calls = (hi - lo) if per_tensor else 1.0
-            return fixed * calls + per_element * (cumulative[hi] - cumulative[lo])
+            return fixed + per_element * (cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)])
 
         return host_cpu
 
