@@ -177,10 +177,10 @@ class StepTimeModel:
         step's start) after its encode ends; the collectives of one pass run
         back to back, so many small ones cost one wait, not one each.
       host_cpu: ``host_cpu(lo, hi) -> seconds`` of the CPU work each group's
-        collectives do on the host (Horovod's negotiation, Gloo's copies and
-        sums), or None. With codec_on_compute (a CPU host whose cores all run
-        backprop) that work cannot overlap backprop: a step then takes at
-        least backprop, every codec task, all of it and the tail.
+        collectives do on a CPU host whose cores all run backprop (Horovod's
+        negotiation, Gloo's copies and sums), or None (other hosts). With
+        codec_on_compute that work cannot overlap backprop: a step then takes
+        at least backprop, every codec task, all of it and the tail.
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,

@@ -341,9 +341,11 @@ def measure(model_name, codecs, quick, batch_size=32):
         for part in PARTS:
             entry[part] = {key: float(described[part][key]) for key in COEFFICIENTS}
             entry[part]["per_input_byte_s"] = float(described[part]["per_element_s"]) / 4.0
-        if hvd.size() > 1:
-            # Every layout holds all tensors, so only the per-collective term is
-            # told apart; the rest of a layout's CPU is spread per element.
+        if hvd.size() > 1 and not tf.config.list_physical_devices("GPU"):
+            # A CPU host's: there the collectives' CPU work competes with
+            # backprop (StepTimeModel's host_cpu). Every layout holds all
+            # tensors, so only the per-collective term is told apart; the rest
+            # of a layout's CPU is spread per element.
             fixed, per_element, per_tensor = step_model.fit_coefficients(cpu_features,
                                                                          collective_cpu)
             entry["collective_cpu"] = {
