@@ -306,6 +306,7 @@ def measure(model_name, codecs, quick, batch_size=32):
     layouts.append(tuple(layerwise_splits(n)))
     repeats = 2 if quick else 3
     codec_entries = {}
+    total_elements = float(sum(sizes))
     for name in codecs:
         codec_started = time.perf_counter()
         codec_mergecomp = MergeComp(name)
@@ -323,7 +324,7 @@ def measure(model_name, codecs, quick, batch_size=32):
             # The process's CPU seconds beyond the encodes and decodes (which
             # run on TensorFlow's thread, busy all along): the collectives'
             # work on the host's CPU, for all the layout's groups together.
-            cpu_features.append((len(bounds) - 1, float(sum(sizes)), n))
+            cpu_features.append((len(bounds) - 1, total_elements, n))
             collective_cpu.append(max(0.0, float(np.median(probe.cpu_s))
                                       - float(medians[:, 0].sum() + medians[:, 2].sum())))
         fit = step_model.LinearGroupCosts.fit(sizes, groups, seconds)
@@ -350,7 +351,7 @@ def measure(model_name, codecs, quick, batch_size=32):
                                                                          collective_cpu)
             entry["collective_cpu"] = {
                 "fixed_s": float(fixed),
-                "per_element_s": float(per_element + per_tensor * n / max(1.0, sum(sizes))),
+                "per_element_s": float(per_element + per_tensor * n / max(1.0, total_elements)),
                 "per_tensor_s": 0.0}
         codec_entries[name] = entry
         print("[profile] %s: %d groups probed in %.1f s" % (name, len(groups),

@@ -406,8 +406,8 @@ Status SparseGroupCodec::Decode(OpKernelContext* context, const uint8_t* rows, i
 void SparseGroupCodec::ForEachSent(const uint8_t* payload, const int32_t*, const GroupLayout&,
                                    const GroupCodecParams& params,
                                    const std::function<void(int64_t, float)>& sent) const {
-  const float* values = reinterpret_cast<const float*>(payload);
-  const int32_t* indices = reinterpret_cast<const int32_t*>(payload + 4 * params.k);
+  const float* values = sparse::PayloadValues(payload);
+  const int32_t* indices = sparse::PayloadIndices(payload, params.k);
   for (int64_t slot = 0; slot < params.k; ++slot) sent(indices[slot], values[slot]);
 }
 
