@@ -84,6 +84,10 @@ def test_batches_bound_each_process_and_repeat_one_config():
     args = apply_quick(build_parser().parse_args(["cluster", "--quick"]))
     rounds, per_round = cluster.rounds_plan(args)
     assert rounds == cluster.QUICK["exchange_rounds"] and rounds * per_round >= args.steps
+    isolated = cluster.plan_batches(list(cluster.DEFAULT_ALGORITHMS), isolate=True)
+    assert [b for b in isolated if len(b) != 1] == []
+    assert [b[0] for b in isolated] == [c for b in batches for c in b]
+    assert build_parser().parse_args(["cluster", "--isolate"]).isolate
 
 
 def test_rounds_rotate_the_config_order():
@@ -203,6 +207,34 @@ def test_batch_noise_and_peak_rss_reach_the_ratios():
     assert "Configs run in 2 batches" in text and "Peak RSS of a rank: 1600 MB" in text
     # The repeat is not a sentinel: layer-wise is the first measurement.
     assert [l for l in text.splitlines() if l.startswith("| topk one")][0].split("|")[5].strip() == "0.800"
+
+
+def test_isolated_configs_share_their_algorithms_noise():
+    """--isolate: each config its own batch; the repeat's spread still reaches every row of
+    its algorithm, and no other algorithm's."""
+    def result(label, algorithm, partition, step_s, repeat_of=None):
+        config = {"label": label, "kind": "mergecomp", "algorithm": algorithm,
+                  "partition": partition}
+        if repeat_of:
+            config["repeat_of"] = repeat_of
+        return {"label": label, "config": config, "ok": True, "step_times_s": [step_s] * 3,
+                "elapsed_s": 3 * step_s, "cpu_s": 3 * step_s, "first_steps_s": 1.0}
+
+    results = [result("topk layerwise", "topk", "layerwise", 0.4),
+               result("topk one", "topk", "one", 0.5),
+               result("topk layerwise (repeat)", "topk", "layerwise", 0.5,
+                      repeat_of="topk layerwise"),
+               result("dgc one", "dgc", "one", 0.3)]
+    batches = [{"labels": [r["label"]], "error": None,
+                "ranks": [{"rank": rank, "results": [r]} for rank in (0, 1)]} for r in results]
+    ranks = cluster.merge_batches(batches, workers=2)
+    rows = {r["label"]: r for r in cluster.summarize(
+        {"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32})}
+    assert rows["topk one"]["batch"] == 1 and rows["topk layerwise (repeat)"]["batch"] == 2
+    assert rows["topk one"]["noise"] == pytest.approx(0.2)
+    assert "noise" not in rows["dgc one"]
+    text = cluster._batches_text({"rows": list(rows.values()), "rounds": 3, "isolate": True})
+    assert text.startswith("Configs run one per batch (--isolate)")
 
 
 def test_a_config_failed_on_one_rank_is_an_error_row():

@@ -130,6 +130,10 @@ def build_parser():
                       help="direct: the benchmark starts each rank in its namespace (default); "
                            "horovodrun: an ssh server per namespace and the real "
                            "'horovodrun -H ns0:1,ns1:1,...' over ssh (needs openssh-server)")
+    clus.add_argument("--isolate", action="store_true",
+                      help="every config in fresh rank processes of its own, none timed after "
+                           "another in the same processes (slower; steadier where the order "
+                           "matters: docs/scaling.md)")
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")

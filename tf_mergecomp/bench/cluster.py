@@ -26,6 +26,15 @@ by side. Each batch also runs one config twice, as two independent configs
 (Horovod fp32; the algorithm's layer-wise): the spread between the two is this
 run's noise, printed next to every ratio of the batch.
 
+``--isolate`` runs every config in a batch of its own instead (fresh rank
+processes per config, the repeats too): nothing is interleaved, and nothing
+is timed after another config in the same processes. Slower (each config
+starts TensorFlow and Horovod, builds and traces), but steady where the
+order matters: in one process, a merged group's exchange timed right after
+a layer-wise one runs 20-50% slower than alone (docs/scaling.md, "Timed
+alone or interleaved"), which the rounds' rotation spreads but cannot
+remove.
+
 Throughput = W x batch / median over measured steps of the slowest rank's
 step time. Exchange time = median over the rounds' calls of the slowest
 rank's time for the gradient exchange alone (worker.py: the optimizer's
@@ -106,17 +115,28 @@ def _is_repeated(config):
     return config["label"] == wanted or config.get("partition") == wanted
 
 
-def plan_batches(algorithms, modes=PARTITION_MODES):
+def family(config):
+    """The configs compared with each other and sharing one noise figure: Horovod's, or one
+    algorithm's."""
+    return config.get("algorithm", "horovod")
+
+
+def plan_batches(algorithms, modes=PARTITION_MODES, isolate=False):
     """The configs of ``plan_configs`` in batches: Horovod's, then one per algorithm,
-    each with its repeated config (REPEATED) appended."""
+    each with its repeated config (REPEATED) appended.
+
+    ``isolate``: every config (the repeats too) in a batch of its own, in that order, so
+    that no config is timed after another in the same processes.
+    """
     batches = []
     for config in plan_configs(algorithms, modes):
-        key = config.get("algorithm", "horovod")
-        if not batches or batches[-1][0].get("algorithm", "horovod") != key:
+        if not batches or family(batches[-1][0]) != family(config):
             batches.append([])
         batches[-1].append(config)
     for batch in batches:
         batch.extend(_repeat(c) for c in list(batch) if _is_repeated(c))
+    if isolate:
+        return [[config] for batch in batches for config in batch]
     return batches
 
 
@@ -310,8 +330,9 @@ def spread(first, second):
 
 
 def _add_noise(rows):
-    """Each row of a batch gets the batch's noise: the spread between its repeated
-    config's two measurements, in throughput ("noise") and exchange time."""
+    """Each row of a family (``family``: one batch, or one algorithm's isolated batches)
+    gets the family's noise: the spread between its repeated config's two measurements,
+    in throughput ("noise") and exchange time."""
     by_label = {r["label"]: r for r in rows}
     for repeat in rows:
         original = by_label.get(repeat["config"].get("repeat_of"))
@@ -320,7 +341,7 @@ def _add_noise(rows):
         noise = spread(repeat.get("images_per_s"), original.get("images_per_s"))
         exchange_noise = spread(repeat.get("exchange_s"), original.get("exchange_s"))
         for row in rows:
-            if row.get("batch") == repeat.get("batch"):
+            if family(row["config"]) == family(repeat["config"]):
                 row.update(noise=noise, exchange_noise=exchange_noise, noise_of=original["label"])
 
 
@@ -437,6 +458,12 @@ def _batches_text(group):
     rows = group["rows"]
     peaks = [r["peak_rss_mb"] for r in rows if r.get("peak_rss_mb")]
     steps = max([r.get("steps", 0) for r in rows] + [0])
+    if group.get("isolate"):
+        return ("Configs run one per batch (--isolate), each in fresh rank processes, in %s "
+                "rounds (%d measured steps per config); \"batch noise\" is the spread between "
+                "the two measurements (two batches) of the config each algorithm runs twice "
+                "(the \"(repeat)\" rows). Peak RSS of a rank: %s MB (largest batch)." % (
+                    group.get("rounds", "-"), steps, report.fmt(max(peaks)) if peaks else "-"))
     return ("Configs run in %d batches, each in fresh rank processes, timed interleaved in %s "
             "rounds (%d measured steps per config); \"batch noise\" is the spread between the "
             "two measurements of the config each batch runs twice (the \"(repeat)\" rows). "
@@ -579,8 +606,9 @@ def run(args):
     notes = []
     if removed:
         notes.append("removed stale namespaces/links of dead runs: %s" % ", ".join(removed))
-    batches = plan_batches(args.algorithms)
+    batches = plan_batches(args.algorithms, isolate=args.isolate)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
+               "isolate": args.isolate,
                "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -616,6 +644,7 @@ def _run_all(args, batches, summary, out_dir):
             errors = batch_errors(group)
             summary["groups"].append({
                 "model": model, "workers": workers, "errors": errors, "rounds": rounds,
+                "isolate": args.isolate,
                 "wall_s": group["wall_s"], "rows": summarize(group),
                 "load_average": group["load_average"],
                 "compute_step_s": [r["compute_step_s"] for r in group["ranks"] if "compute_step_s" in r],
