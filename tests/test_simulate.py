@@ -314,7 +314,7 @@ def test_validate_compares_each_measured_config_with_its_simulation():
     assert rows[0]["repeat_s"] == 0.12
     simulation = simulate.Simulation(profile)
     network = NetworkCosts(2, 1.25e8, simulate.DEFAULT_LATENCY_S)
-    model = simulation.model(simulation.codec_costs("topk", network))
+    model = simulation.model(simulation.codec_costs("topk", network), "topk", network)
     assert rows[1]["profile"] == pytest.approx(model.step_time(tuple(range(1, n))))
     assert rows[2]["profile"] == pytest.approx(model.step_time((n // 2,)))
     assert rows[2]["profile error"] == pytest.approx(rows[2]["profile"] / 0.1 - 1)

@@ -144,6 +144,34 @@ def test_a_cpu_hosts_collective_work_bounds_the_step_from_below():
         StepTimeModel([0.1, 0.2], costs, tail=0.005, codec_on_compute=False).step_time((1,)))
 
 
+def test_one_horovod_pass_pays_its_fixed_costs_once_for_the_collectives_it_fuses():
+    # Three gradients; each group's collective costs 0.01 s, all of it the
+    # fixed cost a pass of Horovod's thread pays once (its negotiation).
+    costs = LinearGroupCosts([1, 1, 1], [[0, 0, 0], [0.01, 0, 0], [0, 0, 0]])
+
+    def model(ready, **kwargs):
+        return StepTimeModel(ready, costs, codec_on_compute=False, cycle_s=1e-3, **kwargs)
+
+    together = [0.0001, 0.0002, 0.0003]  # all queued before the first pass
+    assert model(together).step_time((1, 2)) == pytest.approx(0.001 + 3 * 0.01)
+    fused = model(together, pass_fixed_s=0.01)
+    assert fused.step_time((1, 2)) == pytest.approx(0.001 + 0.01)
+    assert fused.step_time(()) == pytest.approx(0.001 + 0.01)
+    # Queued while the first pass's collective runs: the next pass takes up
+    # the other two when the thread is free, and fuses them.
+    apart = model([0.0001, 0.0015, 0.0025], pass_fixed_s=0.01)
+    assert apart.step_time((1, 2)) == pytest.approx(0.001 + 2 * 0.01)
+    timeline = apart.timeline((1, 2))
+    assert [round(start, 6) for start, _ in timeline["collective"]] == [0.001, 0.011, 0.021]
+    assert apart._simulate(np.asarray([[1, 2]]))["passes"][0] == 2
+    # On a CPU host, the passes' CPU work bounds the step from below.
+    cpu = StepTimeModel(together, costs, tail=0.005, cycle_s=1e-3, pass_fixed_s=0.01,
+                        host_cpu_per_pass=0.05)
+    assert cpu.step_time((1, 2)) == pytest.approx(0.0003 + 0.05 + 0.005)
+    with pytest.raises(ValueError, match="pass_fixed_s"):
+        StepTimeModel(together, costs, pass_fixed_s=-1)
+
+
 def test_collectives_run_one_at_a_time_in_group_order():
     costs = LinearGroupCosts([1, 1, 1], [[0, 0, 0], [0.1, 0, 0], [0, 0, 0]])
     timeline = StepTimeModel([0.0, 0.01, 0.02], costs, codec_on_compute=False).timeline((1, 2))

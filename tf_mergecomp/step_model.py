@@ -36,7 +36,8 @@ function with that signature can be used: ``NetworkGroupCosts`` adds W
 workers' network (``NetworkCosts``: ring allreduce and allgather with their
 latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
 Horovod's fused per-tensor allreduces (``horovod_fusion_layout``), and
-``cycle_s`` makes collectives wait for Horovod's background cycle; the
+``cycle_s`` makes collectives wait for Horovod's background cycle (whose
+passes fuse the collectives they take up: ``pass_fixed_s``); the
 simulator (tf_mergecomp/bench/simulate.py) builds on these.
 
 Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
@@ -173,18 +174,27 @@ class StepTimeModel:
       codec_on_compute: whether codec tasks delay backprop (CPU hosts).
       decodes_after_backprop: whether decodes wait for the end of backprop.
       cycle_s: Horovod's cycle time, or 0. With it, a collective is taken up
-        by the background thread's first pass (every ``cycle_s`` from the
-        step's start) after its encode ends; the collectives of one pass run
-        back to back, so many small ones cost one wait, not one each.
+        by the background thread's first pass that begins after its encode
+        ends: at the next multiple of ``cycle_s`` from the step's start, or
+        when the thread is done with the last pass's collectives if that is
+        later; the collectives of one pass run back to back, so many small
+        ones cost one wait, not one each.
       host_cpu: ``host_cpu(lo, hi) -> seconds`` of the CPU work each group's
-        collectives do on a CPU host whose cores all run backprop (Horovod's
-        negotiation, Gloo's copies and sums), or None (other hosts). With
-        codec_on_compute that work cannot overlap backprop: a step then takes
-        at least backprop, every codec task, all of it and the tail.
+        collectives do on a CPU host whose cores all run backprop (Gloo's
+        copies and sums), or None (other hosts). With codec_on_compute that
+        work cannot overlap backprop: a step then takes at least backprop,
+        every codec task, all of it, ``host_cpu_per_pass`` for each pass and
+        the tail.
+      pass_fixed_s: the part of each group's collective cost that one pass of
+        Horovod's background thread pays once for all the collectives it takes
+        up (its negotiation; Horovod fuses them): with ``cycle_s``, a group
+        taken up by the same pass as the group before it does not pay it again.
+      host_cpu_per_pass: a pass's CPU work on such a host (see host_cpu).
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
-                 decodes_after_backprop=False, cycle_s=0.0, host_cpu=None):
+                 decodes_after_backprop=False, cycle_s=0.0, host_cpu=None,
+                 pass_fixed_s=0.0, host_cpu_per_pass=0.0):
         ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
         if ready.ndim != 1 or len(ready) == 0:
             raise ValueError("ready must list at least one gradient's ready time")
@@ -199,7 +209,13 @@ class StepTimeModel:
         if not cycle_s >= 0:
             raise ValueError("cycle_s must be non-negative seconds, got %r" % (cycle_s,))
         self.cycle_s = float(cycle_s)
+        for name, value in (("pass_fixed_s", pass_fixed_s),
+                            ("host_cpu_per_pass", host_cpu_per_pass)):
+            if not value >= 0:
+                raise ValueError("%s must be non-negative seconds, got %r" % (name, value))
+        self.pass_fixed_s = float(pass_fixed_s)
         self.host_cpu = host_cpu
+        self.host_cpu_per_pass = float(host_cpu_per_pass)
 
     # ------------------------------------------------------------------ public
     def step_time(self, splits):
@@ -239,19 +255,19 @@ class StepTimeModel:
                                                       (layouts, groups))
                                       for p in self.costs(lo, hi))
         rows = np.arange(layouts)
-        state = _State(layouts, groups, record, self.cycle_s)
+        state = _State(layouts, groups, record, self.cycle_s, self.pass_fixed_s)
         if self.codec_on_compute:
             self._run_on_compute(state, rows, hi, encode, collective, decode)
         else:
             self._run_on_own_stream(state, rows, hi, encode, collective, decode)
         step = state.step + self.tail
-        if self.host_cpu is not None and self.codec_on_compute:
-            cpu = np.broadcast_to(np.asarray(self.host_cpu(lo, hi), dtype=np.float64),
-                                  (layouts, groups))
-            busy = (self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1)
-                    + cpu.sum(axis=1) + self.tail)
+        if (self.host_cpu is not None or self.host_cpu_per_pass) and self.codec_on_compute:
+            cpu = 0.0 if self.host_cpu is None else np.broadcast_to(
+                np.asarray(self.host_cpu(lo, hi), dtype=np.float64), (layouts, groups)).sum(axis=1)
+            busy = (self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1) + cpu
+                    + self.host_cpu_per_pass * state.passes + self.tail)
             step = np.maximum(step, busy)
-        result = {"step": step, "backprop_end": state.backprop_end}
+        result = {"step": step, "backprop_end": state.backprop_end, "passes": state.passes}
         if record:
             result.update(encode=state.encode_span, collective=state.collective_span,
                           decode=state.decode_span)
@@ -355,10 +371,23 @@ class StepTimeModel:
             r = rows[run_encode]
             ge = e[run_encode]
             taken_up = end[run_encode]
-            if s.cycle_s > 0:  # the background thread's next pass
-                taken_up = np.ceil(taken_up / s.cycle_s - 1e-9) * s.cycle_s
+            cost = collective[r, ge]
+            if s.cycle_s > 0:
+                # Queued before the last pass began: that pass took it up (and
+                # fused it). Else the next pass: at the next cycle, or when the
+                # thread is done with the last pass's collectives if that is later.
+                last_pass = s.last_pass[run_encode]
+                same_pass = taken_up <= last_pass
+                next_pass = np.maximum(np.ceil(taken_up / s.cycle_s - 1e-9) * s.cycle_s,
+                                       s.network_free[run_encode])
+                taken_up = np.where(same_pass, last_pass, next_pass)
+                cost = np.where(same_pass, np.maximum(cost - s.pass_fixed_s, 0.0), cost)
+                s.passes[run_encode] += ~same_pass
+                s.last_pass[run_encode] = taken_up
+            else:
+                s.passes[run_encode] += 1
             collective_start = np.maximum(taken_up, s.network_free[run_encode])
-            collective_end = collective_start + collective[r, ge]
+            collective_end = collective_start + cost
             s.collective_end[r, ge] = collective_end
             s.network_free[run_encode] = collective_end
             s.next_encode[run_encode] += 1
@@ -377,8 +406,13 @@ class StepTimeModel:
 
 
 class _State:
-    def __init__(self, layouts, groups, record, cycle_s=0.0):
+    def __init__(self, layouts, groups, record, cycle_s=0.0, pass_fixed_s=0.0):
         self.cycle_s = cycle_s
+        self.pass_fixed_s = pass_fixed_s
+        # Passes of Horovod's thread that took up collectives (each group's
+        # own without cycle_s), and when the last one began.
+        self.passes = np.zeros(layouts)
+        self.last_pass = np.full(layouts, -_INF)
         self.next_encode = np.zeros(layouts, np.int64)
         self.next_decode = np.zeros(layouts, np.int64)
         self.collective_end = np.full((layouts, groups), _INF)

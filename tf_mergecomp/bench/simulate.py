@@ -131,29 +131,38 @@ class Simulation:
             decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers)
 
     def collective_cpu(self, name, network):
-        """``host_cpu(lo, hi)`` of the codec's collectives, one per group (the
-        profile's ``collective_cpu``, its per-element share scaled to W
-        workers), or None for a profile without it. Horovod's fused allreduces
-        pay it once per fused collective: per tensor, it predicted Horovod fp32
-        55% too slow on loopback (docs/scaling.md, section 3)."""
+        """(``host_cpu(lo, hi)``, seconds per pass) of the codec's collectives: the
+        profile's ``collective_cpu``, its per-element share scaled to W workers,
+        its fixed share paid once per pass of Horovod's thread, which fuses the
+        collectives it takes up (per tensor, it predicted Horovod fp32 55% too
+        slow on loopback; per group, MergeComp's layer-wise transformer up to
+        64%: docs/scaling.md, section 3); (None, 0.0) for a profile without it."""
         cpu = self.codecs[name].get("collective_cpu")
         if cpu is None:
-            return None
+            return None, 0.0
         kind = self.codecs[name]["collective_op"]
-        fixed = float(cpu["fixed_s"])
         per_element = float(cpu["per_element_s"]) * network.host_scale(kind, self.probe_workers)
         cumulative = np.concatenate([[0.0], np.cumsum(self.sizes)])
 
         def host_cpu(lo, hi):
-            return fixed + per_element * (cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)])
+            return per_element * (cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)])
 
-        return host_cpu
+        return host_cpu, float(cpu["fixed_s"])
 
-    def model(self, costs, tail=None, cycle=True, host_cpu=None):
+    def model(self, costs, codec=None, network=None, tail=None, cycle=True):
+        """The StepTimeModel of ``costs``. With ``codec`` (a profile codec's name)
+        and ``network``: its collectives' per-pass costs too (the fixed
+        collective cost, and on a CPU host the CPU work, that one pass of
+        Horovod's thread pays once for all the collectives it takes up)."""
+        host_cpu, cpu_per_pass, pass_fixed = None, 0.0, 0.0
+        if codec is not None:
+            host_cpu, cpu_per_pass = self.collective_cpu(codec, network)
+            pass_fixed = float(self.codec_fit(codec).coefficients[1, 0])
         return step_model.StepTimeModel(self.ready, costs, self.tail if tail is None else tail,
                                         self.codec_on_compute, self.decodes_after_backprop,
                                         cycle_s=self.cycle_s if cycle else 0.0,
-                                        host_cpu=host_cpu)
+                                        host_cpu=host_cpu, pass_fixed_s=pass_fixed,
+                                        host_cpu_per_pass=cpu_per_pass)
 
     # ---- configs -------------------------------------------------------------
     def horovod(self, which, network):
@@ -175,13 +184,12 @@ class Simulation:
                                                   self.fusion_bytes)
         costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
                                            self.probe_workers)
-        host_cpu = self.collective_cpu(name, network)
-        return layout, self.model(costs, host_cpu=host_cpu).step_time(layout)
+        return layout, self.model(costs, name, network).step_time(layout)
 
     def codec_configs(self, name, network, search=True):
         """{mode: (layout, seconds)} and the search's account for one codec."""
         costs = self.codec_costs(name, network)
-        model = self.model(costs, host_cpu=self.collective_cpu(name, network))
+        model = self.model(costs, name, network)
         n = self.num_tensors
         layerwise = tuple(range(1, n))
         results = {"layer-wise": (layerwise, model.step_time(layerwise)),

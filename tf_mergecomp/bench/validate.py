@@ -75,8 +75,7 @@ def _predict(simulation, network, row):
         splits = tuple(range(1, simulation.num_tensors))
     elif config["partition"] == "one":
         splits = ()
-    host_cpu = simulation.collective_cpu(config["algorithm"], network)
-    return simulation.model(costs, host_cpu=host_cpu).step_time(splits)
+    return simulation.model(costs, config["algorithm"], network).step_time(splits)
 
 
 def compare(cluster_runs, profiles, latency=None):
