@@ -30,10 +30,12 @@ run's noise, printed next to every ratio of the batch.
 processes per config, the repeats too): nothing is interleaved, and nothing
 is timed after another config in the same processes. Slower (each config
 starts TensorFlow and Horovod, builds and traces), but steady where the
-order matters: in one process, a merged group's exchange timed right after
-a layer-wise one runs 20-50% slower than alone (docs/scaling.md, "Timed
-alone or interleaved"), which the rounds' rotation spreads but cannot
-remove.
+order matters: once a process has run a step of a few hundred distinct
+collectives (layer-wise, Horovod's per-tensor allreduce), Horovod's
+per-cycle cache sync costs each rank 0.2-0.5 cores from then on, and a
+merged group timed after it runs 20-50% slower than alone
+(docs/scaling.md, "Timed alone, not interleaved"); the rounds' rotation
+spreads that but cannot remove it.
 
 Throughput = W x batch / median over measured steps of the slowest rank's
 step time. Exchange time = median over the rounds' calls of the slowest
