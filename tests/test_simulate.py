@@ -321,6 +321,23 @@ def test_validate_compares_each_measured_config_with_its_simulation():
     # the run computed twice as slowly as the profile's local step: its compute is scaled
     assert rows[2]["run compute"] > rows[2]["profile"]
     assert "median |error|" in validate.table(rows)
+    # A run whose ranks ran Horovod with a 5 ms cycle is simulated with that cycle (the
+    # probe's own wait, the profile's cycle, still comes out of the collective cost).
+    slow_cycle = dict(run, horovod_cycle_time_s=0.005)
+    five = validate.compare([slow_cycle], {"tiny": profile})
+    simulation = simulate.Simulation(profile, cycle_s=0.005)
+    assert simulation.probe_cycle_s == profile["horovod"]["cycle_time_s"]
+    model = simulation.model(simulation.codec_costs("topk", network), "topk", network)
+    assert five[1]["profile"] == pytest.approx(model.step_time(tuple(range(1, n))))
+    assert five[1]["profile"] > rows[1]["profile"]  # more waits for the cycle
+
+
+def test_horovod_cycle_comes_from_the_environment():
+    assert step_model.horovod_cycle_s({}) == step_model.HOROVOD_CYCLE_S
+    assert step_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": "5"}) == pytest.approx(0.005)
+    for bad in ("fast", "0", "-1"):
+        with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME"):
+            step_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": bad})
 
 
 def test_profile_arguments(capsys):

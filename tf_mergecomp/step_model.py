@@ -48,6 +48,7 @@ many layouts of one group count at once with numpy; ``step_time`` one layout;
 
 import itertools
 import math
+import os
 
 import numpy as np
 
@@ -518,6 +519,21 @@ ALLGATHER = "allgather"
 COLLECTIVE_KINDS = (ALLREDUCE, ALLGATHER)
 HOROVOD_FUSION_BYTES = 64 * 2**20  # HOROVOD_FUSION_THRESHOLD's default
 HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default (1 ms)
+
+
+def horovod_cycle_s(environ=None):
+    """Horovod's cycle in seconds as the processes started from ``environ`` (default:
+    this one's) will run it: HOROVOD_CYCLE_TIME (milliseconds) if set, else the default."""
+    value = (os.environ if environ is None else environ).get("HOROVOD_CYCLE_TIME")
+    if value in (None, ""):
+        return HOROVOD_CYCLE_S
+    try:
+        milliseconds = float(value)
+    except ValueError:
+        raise ValueError("HOROVOD_CYCLE_TIME must be milliseconds, got %r" % value) from None
+    if not milliseconds > 0:
+        raise ValueError("HOROVOD_CYCLE_TIME must be positive milliseconds, got %r" % value)
+    return milliseconds / 1e3
 
 
 def check_collective(kind):

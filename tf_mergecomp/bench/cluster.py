@@ -58,6 +58,7 @@ import math
 import os
 import time
 
+from tf_mergecomp import step_model
 from tf_mergecomp.bench import launcher, models, netns, report, sshd
 
 PARTITION_MODES = ("layerwise", "one", "searched")
@@ -611,6 +612,8 @@ def run(args):
     batches = plan_batches(args.algorithms, isolate=args.isolate)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "isolate": args.isolate,
+               # The ranks inherit HOROVOD_CYCLE_TIME: validate simulates that cycle.
+               "horovod_cycle_time_s": step_model.horovod_cycle_s(),
                "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}

@@ -454,7 +454,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
     measured = _average(outputs)
     import tensorflow as tf
 
-    from tf_mergecomp.step_model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES
+    from tf_mergecomp.step_model import HOROVOD_FUSION_BYTES, horovod_cycle_s
 
     host = socket.gethostname()
     profile = {
@@ -467,7 +467,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
                  "tf_threads": int(os.environ.get("MERGECOMP_BENCH_TF_THREADS", "1")),
                  "processes": processes, "load_average": list(os.getloadavg())},
         "placement": {"codec_on_compute": True, "decodes_after_backprop": True},
-        "horovod": {"cycle_time_s": HOROVOD_CYCLE_S, "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
+        "horovod": {"cycle_time_s": horovod_cycle_s(), "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
                     "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True,
                     "probe_workers": processes},
         "notes": [

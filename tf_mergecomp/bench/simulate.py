@@ -83,7 +83,8 @@ def parse_latency(text):
 class Simulation:
     """The step-time model of one profile, for any network."""
 
-    def __init__(self, profile):
+    def __init__(self, profile, cycle_s=None):
+        """``cycle_s``: Horovod's cycle of the simulated run, if not the profile's."""
         self.profile = profile
         tensors = profile["tensors"]
         self.sizes = np.asarray(tensors["sizes"], dtype=np.float64)
@@ -96,7 +97,9 @@ class Simulation:
         self.codec_on_compute = bool(placement["codec_on_compute"])
         self.decodes_after_backprop = bool(placement["decodes_after_backprop"])
         horovod = profile["horovod"]
-        self.cycle_s = float(horovod["cycle_time_s"])
+        # The probe's collectives waited the profile's cycle; the run waits its own.
+        self.probe_cycle_s = float(horovod["cycle_time_s"])
+        self.cycle_s = self.probe_cycle_s if cycle_s is None else float(cycle_s)
         self.fusion_bytes = float(horovod["fusion_buffer_bytes"])
         # The exchange probe serializes its groups, so each of its collectives
         # waited about one whole cycle for Horovod's next pass: the model adds
@@ -112,7 +115,7 @@ class Simulation:
     def codec_fit(self, name, without=()):
         coefficients = np.asarray(codec_coefficients(self.codecs[name]), dtype=np.float64)
         if self.probe_waits_cycle:
-            coefficients[1, 0] = max(0.0, coefficients[1, 0] - self.cycle_s)
+            coefficients[1, 0] = max(0.0, coefficients[1, 0] - self.probe_cycle_s)
         for part in without:
             coefficients[step_model.LinearGroupCosts.PARTS.index(part)] = 0.0
         return step_model.LinearGroupCosts(self.sizes, coefficients)

@@ -80,7 +80,7 @@ def _predict(simulation, network, row):
 
 def compare(cluster_runs, profiles, latency=None):
     """Rows of measured vs simulated step times."""
-    from tf_mergecomp.step_model import NetworkCosts
+    from tf_mergecomp.step_model import HOROVOD_CYCLE_S, NetworkCosts
 
     rows = []
     for run in cluster_runs:
@@ -91,9 +91,11 @@ def compare(cluster_runs, profiles, latency=None):
                 raise ValueError("no profile for %s; given: %s" % (model, ", ".join(profiles)))
             profile = profiles[model]
             run_compute = float(np.mean(group["compute_step_s"]))
-            simulations = {"profile": simulate.Simulation(profile),
-                           "run compute": simulate.Simulation(scaled_profile(profile,
-                                                                             run_compute))}
+            # Runs recorded before the cycle was: Horovod's default, as then.
+            cycle_s = run.get("horovod_cycle_time_s", HOROVOD_CYCLE_S)
+            simulations = {"profile": simulate.Simulation(profile, cycle_s),
+                           "run compute": simulate.Simulation(scaled_profile(profile, run_compute),
+                                                              cycle_s)}
             network = NetworkCosts(group["workers"], per_second,
                                    simulate.DEFAULT_LATENCY_S if latency is None else latency)
             measured = {r["label"]: r for r in group["rows"]}
