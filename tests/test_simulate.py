@@ -375,8 +375,12 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     assert profile["horovod"]["probe_workers"] == 2
     assert profile["tensors"]["sizes"] == [3, 48, 16, 256, 16, 192]  # backprop order
     assert profile["codecs"]["efsignsgd"]["collective_op"] == "allgather"
-    # a real 2-rank collective costs this host something
-    assert profile["codecs"]["fp16"]["collective"]["fixed_s"] > 0
+    # a real 2-rank collective costs this host something (how the fit splits it between
+    # the fixed, per-element and per-tensor terms varies from run to run)
+    collective = profile["codecs"]["fp16"]["collective"]
+    sizes = profile["tensors"]["sizes"]
+    assert (collective["fixed_s"] + collective["per_element_s"] * sum(sizes)
+            + collective["per_tensor_s"] * len(sizes)) > 0
     for codec in profile["codecs"].values():  # and some of it is CPU work
         cpu = codec["collective_cpu"]
         assert cpu["fixed_s"] >= 0 and cpu["per_element_s"] >= 0
