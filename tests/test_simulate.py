@@ -108,6 +108,9 @@ def test_horovod_fusion_groups_by_cycle_and_buffer():
     # a full buffer splits a cycle's tensors
     assert horovod_fusion_layout(ready, nbytes, cycle_s=1e-3, fusion_bytes=20) == (2, 4, 5)
     assert horovod_fusion_layout(ready, nbytes, cycle_s=0.0, fusion_bytes=100) == (1, 2, 3, 4, 5)
+    # Ticks shifted by the steady state's phase: 0.9 and 1.1 ms share the tick at 1.8 ms.
+    assert horovod_fusion_layout([0.0009, 0.0011], [1, 1], cycle_s=1e-3) == (1,)
+    assert horovod_fusion_layout([0.0009, 0.0011], [1, 1], cycle_s=1e-3, phase_s=2e-4) == ()
 
 
 def test_fused_groups_pay_one_collective_each():

@@ -172,6 +172,32 @@ def test_one_horovod_pass_pays_its_fixed_costs_once_for_the_collectives_it_fuses
         StepTimeModel(together, costs, pass_fixed_s=-1)
 
 
+def test_consecutive_steps_lock_to_horovods_cycle():
+    # One gradient ready at 15.3 ms, a 0.3 ms collective, 1.5 ms after it; 5 ms cycle.
+    costs = LinearGroupCosts([1], [[0, 0, 0], [0.0003, 0, 0], [0, 0, 0]])
+
+    def model(costs, **kwargs):
+        return StepTimeModel([0.0153], costs, tail=0.0015, codec_on_compute=False,
+                             cycle_s=0.005, **kwargs)
+
+    # A first step: ticks at multiples of 5 ms from its start, so the pass at 20 ms.
+    assert model(costs).step_time(()) == pytest.approx(0.020 + 0.0003 + 0.0015)
+    # Consecutive steps: each begins 1.8 ms after the tick of the pass before it,
+    # so its ticks fall at 3.2, 8.2, 13.2, 18.2 ms and the step takes 4 cycles.
+    steady = model(costs, steady_state=True)
+    assert steady.step_time(()) == pytest.approx(0.020)
+    assert steady.cycle_phase(()) == pytest.approx(0.0018)
+    assert model(costs).cycle_phase(()) == 0.0
+    # A pass longer than the cycle: the thread's next tick comes when it is done
+    # (7 ms after the pass began), so the steps no longer take whole cycles.
+    slow = LinearGroupCosts([1], [[0, 0, 0], [0.007, 0, 0], [0, 0, 0]])
+    assert model(slow, steady_state=True).step_time(()) == pytest.approx(0.0185 + 0.007 + 0.0015)
+    # Without a cycle there are no ticks to lock to.
+    plain = StepTimeModel([0.0153], costs, tail=0.0015, codec_on_compute=False,
+                          steady_state=True)
+    assert plain.step_time(()) == pytest.approx(0.0153 + 0.0003 + 0.0015)
+
+
 def test_collectives_run_one_at_a_time_in_group_order():
     costs = LinearGroupCosts([1, 1, 1], [[0, 0, 0], [0.1, 0, 0], [0, 0, 0]])
     timeline = StepTimeModel([0.0, 0.01, 0.02], costs, codec_on_compute=False).timeline((1, 2))

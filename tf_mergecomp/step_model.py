@@ -37,8 +37,10 @@ workers' network (``NetworkCosts``: ring allreduce and allgather with their
 latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
 Horovod's fused per-tensor allreduces (``horovod_fusion_layout``), and
 ``cycle_s`` makes collectives wait for Horovod's background cycle (whose
-passes fuse the collectives they take up: ``pass_fixed_s``); the
-simulator (tf_mergecomp/bench/simulate.py) builds on these.
+passes fuse the collectives they take up: ``pass_fixed_s``), and
+``steady_state`` times a step as one of many consecutive ones, which the
+cycle's ticks lock to; the simulator (tf_mergecomp/bench/simulate.py) builds
+on these.
 
 Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
 group, ``(1, ..., N - 1)`` layer-wise. ``StepTimeModel.step_times`` evaluates
@@ -53,6 +55,10 @@ import os
 import numpy as np
 
 _INF = np.inf
+# Consecutive steps simulated for a steady state; the mean of the last few
+# where the ticks never settle.
+_STEADY_STEPS = 8
+_STEADY_MEAN = 4
 
 
 class LinearGroupCosts:
@@ -191,11 +197,21 @@ class StepTimeModel:
         up (its negotiation; Horovod fuses them): with ``cycle_s``, a group
         taken up by the same pass as the group before it does not pay it again.
       host_cpu_per_pass: a pass's CPU work on such a host (see host_cpu).
+      steady_state: with ``cycle_s``, the step as one of many consecutive
+        ones. Horovod's thread keeps ticking across steps (a tick ``cycle_s``
+        after the last one began, or as soon as its collectives are done), so
+        the ticks a step sees follow from where the previous step's last pass
+        left them, not from the step's start; a step then takes a whole
+        number of cycles whenever its passes fit in one (a 17 ms transformer
+        step runs at 20 ms with a 5 ms cycle). Consecutive steps are simulated
+        until the ticks fall where they did one step before; a layout whose
+        steps alternate gets their mean. False: ticks at multiples of
+        ``cycle_s`` from the step's start (a first step after idling).
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
                  decodes_after_backprop=False, cycle_s=0.0, host_cpu=None,
-                 pass_fixed_s=0.0, host_cpu_per_pass=0.0):
+                 pass_fixed_s=0.0, host_cpu_per_pass=0.0, steady_state=False):
         ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
         if ready.ndim != 1 or len(ready) == 0:
             raise ValueError("ready must list at least one gradient's ready time")
@@ -217,6 +233,7 @@ class StepTimeModel:
         self.pass_fixed_s = float(pass_fixed_s)
         self.host_cpu = host_cpu
         self.host_cpu_per_pass = float(host_cpu_per_pass)
+        self.steady_state = bool(steady_state)
 
     # ------------------------------------------------------------------ public
     def step_time(self, splits):
@@ -229,6 +246,12 @@ class StepTimeModel:
         if splits.ndim != 2:
             raise ValueError("splits must be a [layouts, groups - 1] array")
         return self._simulate(splits)["step"]
+
+    def cycle_phase(self, splits):
+        """Where Horovod's ticks fall in this layout's step: at ``k * cycle_s - phase``
+        seconds from its start (0 without ``steady_state``)."""
+        return float(self._simulate(np.asarray([tuple(splits)], dtype=np.int64)
+                                    .reshape(1, len(tuple(splits))))["phase"][0])
 
     def timeline(self, splits):
         """{encode, collective, decode: [(start, end)] per group, backprop_end, step} of one layout."""
@@ -255,20 +278,52 @@ class StepTimeModel:
         encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
                                                       (layouts, groups))
                                       for p in self.costs(lo, hi))
+        cpu = None
+        if (self.host_cpu is not None or self.host_cpu_per_pass) and self.codec_on_compute:
+            cpu = (0.0 if self.host_cpu is None else np.broadcast_to(
+                np.asarray(self.host_cpu(lo, hi), dtype=np.float64), (layouts, groups)).sum(axis=1))
+            cpu = cpu + self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1) + self.tail
+        parts = (layouts, groups, record, hi, encode, collective, decode, cpu)
+        if not (self.steady_state and self.cycle_s > 0):
+            return self._simulate_step(*parts, np.zeros(layouts), np.zeros(layouts))
+        phase = np.zeros(layouts)
+        thread_free = np.zeros(layouts)
+        steps = []
+        for _ in range(_STEADY_STEPS):
+            result = self._simulate_step(*parts, phase, thread_free)
+            steps.append(result["step"])
+            # The thread's first tick after the step's last pass, from the next step's start.
+            next_tick = np.maximum(result["last_pass"] + self.cycle_s,
+                                   result["thread_free"]) - result["step"]
+            next_phase = np.mod(-next_tick, self.cycle_s)
+            next_free = np.maximum(next_tick, 0.0)
+            settled = ((np.abs(next_phase - phase) < 1e-9) | (np.abs(np.abs(next_phase - phase)
+                                                                      - self.cycle_s) < 1e-9))
+            settled &= np.abs(next_free - thread_free) < 1e-9
+            if settled.all():
+                return result
+            phase, thread_free = next_phase, next_free
+        # Steps that never settle alternate between a few times: their mean.
+        result["step"] = np.where(settled, steps[-1], np.mean(steps[-_STEADY_MEAN:], axis=0))
+        return result
+
+    def _simulate_step(self, layouts, groups, record, hi, encode, collective, decode, cpu,
+                       phase, thread_free):
+        """One step whose Horovod ticks fall at ``k * cycle_s - phase`` and not before
+        ``thread_free`` (seconds from the step's start, per layout)."""
         rows = np.arange(layouts)
-        state = _State(layouts, groups, record, self.cycle_s, self.pass_fixed_s)
+        state = _State(layouts, groups, record, self.cycle_s, self.pass_fixed_s, phase,
+                       thread_free)
         if self.codec_on_compute:
             self._run_on_compute(state, rows, hi, encode, collective, decode)
         else:
             self._run_on_own_stream(state, rows, hi, encode, collective, decode)
         step = state.step + self.tail
-        if (self.host_cpu is not None or self.host_cpu_per_pass) and self.codec_on_compute:
-            cpu = 0.0 if self.host_cpu is None else np.broadcast_to(
-                np.asarray(self.host_cpu(lo, hi), dtype=np.float64), (layouts, groups)).sum(axis=1)
-            busy = (self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1) + cpu
-                    + self.host_cpu_per_pass * state.passes + self.tail)
-            step = np.maximum(step, busy)
-        result = {"step": step, "backprop_end": state.backprop_end, "passes": state.passes}
+        if cpu is not None:
+            step = np.maximum(step, cpu + self.host_cpu_per_pass * state.passes)
+        result = {"step": step, "backprop_end": state.backprop_end, "passes": state.passes,
+                  "last_pass": state.last_pass, "thread_free": state.network_free,
+                  "phase": phase}
         if record:
             result.update(encode=state.encode_span, collective=state.collective_span,
                           decode=state.decode_span)
@@ -379,8 +434,10 @@ class StepTimeModel:
                 # thread is done with the last pass's collectives if that is later.
                 last_pass = s.last_pass[run_encode]
                 same_pass = taken_up <= last_pass
-                next_pass = np.maximum(np.ceil(taken_up / s.cycle_s - 1e-9) * s.cycle_s,
-                                       s.network_free[run_encode])
+                phase = s.phase[run_encode]
+                next_pass = np.maximum(
+                    np.ceil((taken_up + phase) / s.cycle_s - 1e-9) * s.cycle_s - phase,
+                    s.network_free[run_encode])
                 taken_up = np.where(same_pass, last_pass, next_pass)
                 cost = np.where(same_pass, np.maximum(cost - s.pass_fixed_s, 0.0), cost)
                 s.passes[run_encode] += ~same_pass
@@ -407,9 +464,10 @@ class StepTimeModel:
 
 
 class _State:
-    def __init__(self, layouts, groups, record, cycle_s=0.0, pass_fixed_s=0.0):
+    def __init__(self, layouts, groups, record, cycle_s, pass_fixed_s, phase, thread_free):
         self.cycle_s = cycle_s
         self.pass_fixed_s = pass_fixed_s
+        self.phase = phase
         # Passes of Horovod's thread that took up collectives (each group's
         # own without cycle_s), and when the last one began.
         self.passes = np.zeros(layouts)
@@ -417,7 +475,7 @@ class _State:
         self.next_encode = np.zeros(layouts, np.int64)
         self.next_decode = np.zeros(layouts, np.int64)
         self.collective_end = np.full((layouts, groups), _INF)
-        self.network_free = np.zeros(layouts)
+        self.network_free = np.array(thread_free, dtype=np.float64)
         self.record = record
         if record:
             self.encode_span = np.zeros((layouts, groups, 2))
@@ -678,18 +736,20 @@ def _per_element_part(codec, part, lo, hi):
 
 
 def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,
-                          fusion_bytes=HOROVOD_FUSION_BYTES):
+                          fusion_bytes=HOROVOD_FUSION_BYTES, phase_s=0.0):
     """The groups Horovod's tensor fusion makes of per-tensor collectives, as a layout.
 
     Horovod's background thread takes up, every ``cycle_s``, the tensors that
     became ready since its last pass (in backprop order here, since ready
     times are non-decreasing) and fuses them into buffers of at most
-    ``fusion_bytes``, one collective each. Returns the layout's cuts; run it
-    in a StepTimeModel with the same ``cycle_s`` for the passes' waits.
+    ``fusion_bytes``, one collective each; its ticks fall at ``k * cycle_s -
+    phase_s`` from the step's start (``StepTimeModel.cycle_phase``). Returns
+    the layout's cuts; run it in a StepTimeModel with the same ``cycle_s`` for
+    the passes' waits.
     """
     ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
     nbytes = np.asarray(nbytes, dtype=np.float64)
-    ticks = np.ceil(ready / cycle_s - 1e-9) if cycle_s > 0 else ready
+    ticks = np.ceil((ready + phase_s) / cycle_s - 1e-9) if cycle_s > 0 else ready
     splits = []
     group_bytes = 0.0
     for i in range(len(ready)):

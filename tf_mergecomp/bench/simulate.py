@@ -44,6 +44,8 @@ DEFAULT_BANDWIDTHS = ("1gbit", "10gbit", "100gbit")
 DEFAULT_LATENCY_S = 25e-6
 EXHAUSTIVE_GROUPS = 3
 SEARCH_MAX_GROUPS = 4
+# Rounds of (fusion layout, tick phase) for Horovod's per-tensor configs.
+FUSION_ROUNDS = 4
 HOROVOD_CONFIGS = ("horovod fp32", "horovod fp16")
 MODES = ("layer-wise", "one group", "searched", "best <= 3")
 
@@ -165,7 +167,7 @@ class Simulation:
                                         self.codec_on_compute, self.decodes_after_backprop,
                                         cycle_s=self.cycle_s if cycle else 0.0,
                                         host_cpu=host_cpu, pass_fixed_s=pass_fixed,
-                                        host_cpu_per_pass=cpu_per_pass)
+                                        host_cpu_per_pass=cpu_per_pass, steady_state=True)
 
     # ---- configs -------------------------------------------------------------
     def horovod(self, which, network):
@@ -183,11 +185,20 @@ class Simulation:
             fit = step_model.LinearGroupCosts(self.sizes, coefficients)
         wire = self.wire(name)
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
-        layout = step_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
-                                                  self.fusion_bytes)
         costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
                                            self.probe_workers)
-        return layout, self.model(costs, name, network).step_time(layout)
+        model = self.model(costs, name, network)
+        # Which tensors a pass fuses depends on where the ticks fall, and that
+        # on the step the fusion makes: a few rounds find both.
+        phase, layouts = 0.0, []
+        for _ in range(FUSION_ROUNDS):
+            layout = step_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
+                                                      self.fusion_bytes, phase)
+            if layout in layouts:
+                break
+            layouts.append(layout)
+            phase = model.cycle_phase(layout)
+        return layout, model.step_time(layout)
 
     def codec_configs(self, name, network, search=True):
         """{mode: (layout, seconds)} and the search's account for one codec."""
