@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests._fake_comm import FakeWorld
-from tests.test_group_ops import DTYPES, PARAMS, SHAPES, engine, make_grads
+from tests.test_group_ops import DTYPES, PARAMS, SHAPES, engine, make_grads, run_group
 from tf_mergecomp import MergeComp, compressors
 from tf_mergecomp.mergecomp import _Layout
 
@@ -124,6 +124,41 @@ def test_a_finite_worker_keeps_its_update_and_the_fused_path_matches_the_referen
         assert list(results["op"][rank][1]) == [1 if i == 6 else 0 for i in range(len(SHAPES))]
         for fused, reference in zip(results["op"][rank][2], results["reference"][rank][2]):
             np.testing.assert_array_equal(fused, reference)
+
+
+@pytest.mark.parametrize("name", ["fp16", "qsgd", "terngrad", "signsgd", "onebit", "efsignsgd"])
+def test_a_nonfinite_value_in_any_block_of_a_large_group_is_found_while_encoding(name):
+    """These codecs' encodes write no state (memory none or residual), so the fused
+    op checks each 32K-element block as the encode first reads it instead of in a
+    pass of its own. An inf in the block two tensors share, or in the last block,
+    still turns exactly its tensor into NaN on both workers, and both paths agree
+    bit for bit, outputs and state, on that step and the finite one before it."""
+    shapes = [(40000,), (5,), (70000,)]  # blocks [0, 32K), [32K, 64K) shared by all three, ...
+    dtypes = [tf.float32, tf.float16, tf.float32]
+    for tensor, position in ((0, 39999), (1, 2), (2, 69999)):
+        def make(rank, step, shapes, dtypes):
+            grads = make_grads(rank, step, shapes, dtypes)
+            if step == 1 and rank == 0:
+                values = grads[tensor].numpy()
+                values[position] = np.inf
+                grads[tensor] = tf.constant(values, dtype=dtypes[tensor])
+            return grads
+
+        results = {backend: run_group([engine(name, backend) for _ in range(2)], FakeWorld(2), 2,
+                                      shapes, dtypes, make)
+                   for backend in ("op", "reference")}
+        (history, states), (ref_history, ref_states) = results["op"], results["reference"]
+        for rank in range(2):
+            outputs = history[1][rank]
+            assert np.isnan(outputs[tensor].astype(np.float64)).all(), (name, tensor, rank)
+            assert all(np.isfinite(o.astype(np.float64)).all()
+                       for i, o in enumerate(outputs) if i != tensor), (name, tensor, rank)
+            for step in range(2):
+                for fused, reference in zip(history[step][rank], ref_history[step][rank]):
+                    np.testing.assert_array_equal(fused.astype(np.float64),
+                                                  reference.astype(np.float64))
+            for fused, reference in zip(states[rank], ref_states[rank]):
+                np.testing.assert_array_equal(fused, reference)
 
 
 @pytest.mark.parametrize("backend", ["op", "reference"])

@@ -7,6 +7,7 @@
 #include <limits>
 #include <cstring>
 #include <map>
+#include <memory>
 
 #include "cc/kernels/dense_cpu.h"
 #include "cc/kernels/finite.h"
@@ -263,6 +264,53 @@ class CompensatedSparseInput : public SparseGroupInput {
   std::vector<float*> copies_;  // where the compensation copies tensor t, or null
 };
 
+// Which tensors of the group hold an inf or a NaN, checked a block at a time
+// (each block by one thread at a time, as the encoders read them) and at
+// most once. The dense codecs' encode reads each block before it writes any
+// state when the memory is none or residual: the check then rides on that
+// first read, while the block is in cache, instead of a pass of its own over
+// the gradients, and the payload is thrown away in the rare step that is not
+// finite. Other encodes check every block first (Finish alone).
+class FiniteWatch {
+ public:
+  FiniteWatch(const GroupLayout& layout, const std::vector<Tensor>& gradients)
+      : layout_(layout), gradients_(gradients), found_(layout.num_tensors()),
+        checked_(NumBlocks(layout.total()), 0) {
+    for (auto& flag : found_) flag.store(0, std::memory_order_relaxed);
+  }
+
+  void Check(int64_t block) const {
+    if (checked_[block]) return;
+    const int64_t begin = block * kBlockElements;
+    layout_.ForEachPart(begin, std::min(begin + kBlockElements, layout_.total()),
+                        [&](int64_t t, int64_t part_begin, int64_t part_end) {
+                          DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+                            using T = decltype(type_tag);
+                            if (!AllFinite(static_cast<const T*>(gradients_[t].data()),
+                                           part_begin, part_end)) {
+                              found_[t].store(1, std::memory_order_relaxed);
+                            }
+                          });
+                        });
+    checked_[block] = 1;
+  }
+
+  // Checks the blocks not checked yet; then 1 for each tensor holding an inf or a NaN, else 0.
+  std::vector<uint8_t> Finish(OpKernelContext* context) const {
+    ForEachBlock(context, NumBlocks(layout_.total()), kBlockElements,
+                 [&](int64_t block) { Check(block); });
+    std::vector<uint8_t> flags(found_.size());
+    for (size_t i = 0; i < found_.size(); ++i) flags[i] = found_[i].load(std::memory_order_relaxed);
+    return flags;
+  }
+
+ private:
+  const GroupLayout& layout_;
+  const std::vector<Tensor>& gradients_;
+  mutable std::vector<std::atomic<uint8_t>> found_;
+  mutable std::vector<char> checked_;
+};
+
 // The compensated group p of the dense codecs, block by block: g (memory
 // none), g + e (residual, computed as it is read, the state being updated
 // after the encode), or the state that the compensation writes (momentum: m;
@@ -272,13 +320,20 @@ class CompensatedSparseInput : public SparseGroupInput {
 // block from one thread at a time, so the per-block flags need no lock.
 class CompensatedInput : public BlockInput {
  public:
+  // watch: checks each block as it is first read (only where that writes no state).
   CompensatedInput(const GroupLayout& layout, const std::vector<Tensor>& gradients,
-                   Memory memory, float decay, float gradient_scale, const LockedStateVariables& state)
+                   Memory memory, float decay, float gradient_scale, const LockedStateVariables& state,
+                   const FiniteWatch* watch = nullptr)
       : layout_(layout), gradients_(gradients), memory_(memory), decay_(decay),
-        gradient_scale_(gradient_scale), state_(state),
+        gradient_scale_(gradient_scale), state_(state), watch_(watch),
         compensated_(NumBlocks(layout.total()), WritesState() ? 0 : 1) {}
 
+  static bool WritesState(Memory memory) {
+    return memory == Memory::kMomentum || memory == Memory::kDgc;
+  }
+
   const float* Block(int64_t begin, int64_t count) const override {
+    if (watch_ != nullptr) watch_->Check(begin / kBlockElements);
     CompensateBlock(begin / kBlockElements);
     const int64_t i = layout_.TensorAt(begin);
     if (begin + count <= layout_.offset(i + 1)) {
@@ -310,7 +365,7 @@ class CompensatedInput : public BlockInput {
   }
 
  private:
-  bool WritesState() const { return memory_ == Memory::kMomentum || memory_ == Memory::kDgc; }
+  bool WritesState() const { return WritesState(memory_); }
 
   void CompensateBlock(int64_t block) const {
     if (compensated_[block]) return;
@@ -338,6 +393,7 @@ class CompensatedInput : public BlockInput {
   float decay_;
   float gradient_scale_;
   const LockedStateVariables& state_;
+  const FiniteWatch* watch_;
   mutable std::vector<char> compensated_;
 };
 
@@ -454,24 +510,6 @@ class TensorListOutput : public GroupTensorsOutput {
 // loss-scale optimizer then skips the step on every worker) and nothing
 // non-finite reaches a residual or a momentum.
 
-// 1 for each tensor of the group holding an inf or a NaN, else 0.
-std::vector<uint8_t> NonFiniteTensors(OpKernelContext* context, const GroupLayout& layout,
-                                      const std::vector<Tensor>& gradients) {
-  std::vector<std::atomic<uint8_t>> found(layout.num_tensors());
-  for (auto& flag : found) flag.store(0, std::memory_order_relaxed);
-  ForEachPartInParallel(context, layout, 1, [&](int64_t i, int64_t begin, int64_t end) {
-    DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
-      using T = decltype(type_tag);
-      if (!AllFinite(static_cast<const T*>(gradients[i].data()), begin, end)) {
-        found[i].store(1, std::memory_order_relaxed);
-      }
-    });
-  });
-  std::vector<uint8_t> flags(found.size());
-  for (size_t i = 0; i < found.size(); ++i) flags[i] = found[i].load(std::memory_order_relaxed);
-  return flags;
-}
-
 // Writes the markers (0 or 1 per tensor) as payload elements of `type`.
 void WriteMarkers(DataType type, const std::vector<uint8_t>& nonfinite, uint8_t* markers) {
   for (size_t i = 0; i < nonfinite.size(); ++i) {
@@ -553,10 +591,21 @@ class GroupEncodeOp : public OpKernel {
 
     std::vector<Tensor> inputs;
     for (int i = 0; i < gradients.size(); ++i) inputs.push_back(gradients[i]);
-    const std::vector<uint8_t> nonfinite = NonFiniteTensors(context, layout, inputs);
+    const FiniteWatch watch(layout, inputs);
+    // Dense codecs whose encode writes no state encode first, checking as they read.
+    std::unique_ptr<CompensatedInput> encoded;
+    if (!codec_->SendsEntries() && !CompensatedInput::WritesState(memory_)) {
+      encoded.reset(new CompensatedInput(layout, inputs, memory_, decay_, gradient_scale_, state,
+                                         &watch));
+      OP_REQUIRES_OK(context, codec_->Encode(context, *encoded, layout, params_, seed, payload,
+                                             codec_context));
+    }
+    const std::vector<uint8_t> nonfinite = watch.Finish(context);
     WriteMarkers(payload_type_, nonfinite, payload + payload_bytes);
     if (std::find(nonfinite.begin(), nonfinite.end(), 1) == nonfinite.end()) {
-      OP_REQUIRES_OK(context, Encode(context, layout, inputs, state, seed, payload, codec_context));
+      OP_REQUIRES_OK(context,
+                     encoded ? UpdateState(context, layout, *encoded, state, payload, codec_context)
+                             : Encode(context, layout, inputs, state, seed, payload, codec_context));
       return;
     }
     // Rare: encode with the non-finite tensors as zeros, then put the state back.
@@ -587,6 +636,13 @@ class GroupEncodeOp : public OpKernel {
     const CompensatedInput compensated(layout, gradients, memory_, decay_, gradient_scale_, state);
     TF_RETURN_IF_ERROR(
         codec_->Encode(context, compensated, layout, params_, seed, payload, codec_context));
+    return UpdateState(context, layout, compensated, state, payload, codec_context);
+  }
+
+  // After a dense codec's Encode: the state moves for every element.
+  Status UpdateState(OpKernelContext* context, const GroupLayout& layout,
+                     const CompensatedInput& compensated, const LockedStateVariables& state,
+                     const uint8_t* payload, const int32_t* codec_context) const {
     compensated.CompensateRest(context);
     if (memory_ == Memory::kResidual || memory_ == Memory::kDgc) {
       const StateUpdateOutput update(layout, compensated, memory_, state);
