@@ -265,12 +265,17 @@ class CompensatedSparseInput : public SparseGroupInput {
 };
 
 // Which tensors of the group hold an inf or a NaN, checked a block at a time
-// (each block by one thread at a time, as the encoders read them) and at
-// most once. The dense codecs' encode reads each block before it writes any
-// state when the memory is none or residual: the check then rides on that
-// first read, while the block is in cache, instead of a pass of its own over
-// the gradients, and the payload is thrown away in the rare step that is not
-// finite. Other encodes check every block first (Finish alone).
+// and at most once. The dense codecs' encode reads every block before it
+// writes any state when the memory is none or residual, so the check can ride
+// on that read: CheckCompensated looks at the block's compensated float32
+// values (g, or g + e) as the encoder gets them, while they are in cache,
+// instead of a pass of its own over the gradients, and the payload is thrown
+// away in the rare step that is not finite (as e is finite, g + e is not
+// finite exactly where g is not, or where their sum overflows, which the
+// residual could not keep either). Finish checks the gradients themselves
+// in every block not checked yet: all of them for the other encodes, before
+// they write state. Each block is checked by one thread at a time, as the
+// encoders read them.
 class FiniteWatch {
  public:
   FiniteWatch(const GroupLayout& layout, const std::vector<Tensor>& gradients)
@@ -279,26 +284,35 @@ class FiniteWatch {
     for (auto& flag : found_) flag.store(0, std::memory_order_relaxed);
   }
 
-  void Check(int64_t block) const {
+  // values: the compensated block [begin, begin + count), begin a multiple of kBlockElements.
+  void CheckCompensated(int64_t begin, int64_t count, const float* values) const {
+    const int64_t block = begin / kBlockElements;
     if (checked_[block]) return;
-    const int64_t begin = block * kBlockElements;
-    layout_.ForEachPart(begin, std::min(begin + kBlockElements, layout_.total()),
-                        [&](int64_t t, int64_t part_begin, int64_t part_end) {
-                          DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
-                            using T = decltype(type_tag);
-                            if (!AllFinite(static_cast<const T*>(gradients_[t].data()),
-                                           part_begin, part_end)) {
-                              found_[t].store(1, std::memory_order_relaxed);
-                            }
-                          });
-                        });
+    layout_.ForEachPart(begin, begin + count, [&](int64_t t, int64_t part_begin, int64_t part_end) {
+      const float* part = values + (layout_.offset(t) - begin);
+      if (!AllFinite(part, part_begin, part_end)) found_[t].store(1, std::memory_order_relaxed);
+    });
     checked_[block] = 1;
   }
 
-  // Checks the blocks not checked yet; then 1 for each tensor holding an inf or a NaN, else 0.
+  // Checks the gradients of the blocks not checked yet; then 1 for each tensor
+  // holding an inf or a NaN, else 0.
   std::vector<uint8_t> Finish(OpKernelContext* context) const {
-    ForEachBlock(context, NumBlocks(layout_.total()), kBlockElements,
-                 [&](int64_t block) { Check(block); });
+    ForEachBlock(context, NumBlocks(layout_.total()), kBlockElements, [&](int64_t block) {
+      if (checked_[block]) return;
+      const int64_t begin = block * kBlockElements;
+      layout_.ForEachPart(begin, std::min(begin + kBlockElements, layout_.total()),
+                          [&](int64_t t, int64_t part_begin, int64_t part_end) {
+                            DispatchFloatType(gradients_[t].dtype(), [&](auto type_tag) {
+                              using T = decltype(type_tag);
+                              if (!AllFinite(static_cast<const T*>(gradients_[t].data()),
+                                             part_begin, part_end)) {
+                                found_[t].store(1, std::memory_order_relaxed);
+                              }
+                            });
+                          });
+      checked_[block] = 1;
+    });
     std::vector<uint8_t> flags(found_.size());
     for (size_t i = 0; i < found_.size(); ++i) flags[i] = found_[i].load(std::memory_order_relaxed);
     return flags;
@@ -320,7 +334,8 @@ class FiniteWatch {
 // block from one thread at a time, so the per-block flags need no lock.
 class CompensatedInput : public BlockInput {
  public:
-  // watch: checks each block as it is first read (only where that writes no state).
+  // watch: checks each block's compensated values as the encoder first reads
+  // them (only where that writes no state).
   CompensatedInput(const GroupLayout& layout, const std::vector<Tensor>& gradients,
                    Memory memory, float decay, float gradient_scale, const LockedStateVariables& state,
                    const FiniteWatch* watch = nullptr)
@@ -333,7 +348,19 @@ class CompensatedInput : public BlockInput {
   }
 
   const float* Block(int64_t begin, int64_t count) const override {
-    if (watch_ != nullptr) watch_->Check(begin / kBlockElements);
+    const float* values = Compensated(begin, count);
+    if (watch_ != nullptr) watch_->CheckCompensated(begin, count, values);
+    return values;
+  }
+
+  // Compensates the blocks the encoder did not read (the state must move for all).
+  void CompensateRest(OpKernelContext* context) const {
+    ForEachBlock(context, NumBlocks(layout_.total()), 4 * kBlockElements,
+                 [&](int64_t block) { CompensateBlock(block); });
+  }
+
+ private:
+  const float* Compensated(int64_t begin, int64_t count) const {
     CompensateBlock(begin / kBlockElements);
     const int64_t i = layout_.TensorAt(begin);
     if (begin + count <= layout_.offset(i + 1)) {
@@ -358,13 +385,6 @@ class CompensatedInput : public BlockInput {
     return block;
   }
 
-  // Compensates the blocks the encoder did not read (the state must move for all).
-  void CompensateRest(OpKernelContext* context) const {
-    ForEachBlock(context, NumBlocks(layout_.total()), 4 * kBlockElements,
-                 [&](int64_t block) { CompensateBlock(block); });
-  }
-
- private:
   bool WritesState() const { return WritesState(memory_); }
 
   void CompensateBlock(int64_t block) const {
