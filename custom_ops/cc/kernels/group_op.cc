@@ -521,8 +521,9 @@ class TensorListOutput : public GroupTensorsOutput {
   mutable std::vector<Tensor> scratch_;  // float32 values of the tensors of other dtypes
 };
 
-// Non-finite gradients. A tensor holding an inf or a NaN on this worker is
-// encoded as zeros and the group's state is left exactly as it was; one
+// Non-finite gradients. A tensor holding an inf or a NaN on this worker (or
+// whose g + e overflows float32, FiniteWatch) is encoded as zeros and the
+// group's state is left exactly as it was; one
 // marker element per tensor after the codec's payload says which tensors
 // were not finite (0 or 1; after an allreduce their mean, still > 0 where any
 // worker marked). The decoder fills every tensor that any worker marked with
