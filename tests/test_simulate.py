@@ -284,6 +284,22 @@ def test_simulate_command_on_a_tiny_profile(tmp_path, capsys):
     assert cells[("1gbit", 1)]["horovod fp32"]["scaling_factor"] <= 1.0 + 1e-9
 
 
+def test_simulate_command_takes_the_runs_horovod_cycle(tmp_path, capsys):
+    path = profile_module.save(tiny_profile(), str(tmp_path / "tiny.json"))
+    steps = {}
+    for cycle_ms in ("1", "5"):
+        out = tmp_path / cycle_ms
+        assert main(["simulate", "--profile", path, "--workers", "2", "--bandwidth", "1gbit",
+                     "--codecs", "efsignsgd", "--cycle-ms", cycle_ms, "--out", str(out)]) == 0
+        result = json.loads((out / "simulate.json").read_text())
+        assert result["horovod_cycle_time_s"] == pytest.approx(float(cycle_ms) / 1e3)
+        steps[cycle_ms] = result["cells"][0]["rows"]["efsignsgd one group"]["step_s"]
+    # Steady steps take whole cycles once their exchange fits in one: a longer one costs.
+    assert steps["5"] > steps["1"]
+    assert main(["simulate", "--profile", path, "--cycle-ms", "-1"]) == 2
+    assert "--cycle-ms must be >= 0" in capsys.readouterr().err
+
+
 def test_simulate_command_refuses_bad_input(tmp_path, capsys):
     path = profile_module.save(tiny_profile(), str(tmp_path / "tiny.json"))
     assert main(["simulate", "--profile", path, "--bandwidth", "fast"]) == 2

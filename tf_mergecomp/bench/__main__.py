@@ -118,7 +118,9 @@ def build_parser():
     clus.add_argument("--search-on", choices=("training", "exchange"), default="training",
                       help="search during training (profiled steps and probes predict the "
                            "candidates, training steps confirm the best few: a few re-traces) "
-                           "or with the gradient exchange alone as the step (default training)")
+                           "or with the gradient exchange alone as the step (default training; "
+                           "with HOROVOD_CYCLE_TIME longer than the exchange, every exchange "
+                           "times one cycle, whatever the partition: search on training then)")
     clus.add_argument("--exchange-steps", type=int, default=5,
                       help="timed exchanges (no backprop) per config and round (0: none)")
     clus.add_argument("--exchange-rounds", type=int, default=3,
@@ -182,6 +184,9 @@ def build_parser():
                           "else 25us")
     sim.add_argument("--codecs", type=_algorithms, default=None,
                      help="comma-separated; default: every codec of the profile")
+    sim.add_argument("--cycle-ms", type=float, default=None,
+                     help="Horovod's cycle of the simulated runs in milliseconds "
+                          "(HOROVOD_CYCLE_TIME; default: the profile's)")
     sim.add_argument("--out", default=None, help="also write simulate.{md,json,png} here")
     sim.add_argument("--name", default="simulate", help="file name stem under --out")
 
@@ -308,8 +313,11 @@ def _simulate(args):
         loaded = profile.load(args.profile)
         simulate.check_workers(args.workers)
         latency = None if args.latency is None else simulate.parse_latency(args.latency)
+        if args.cycle_ms is not None and not args.cycle_ms >= 0:
+            raise ValueError("--cycle-ms must be >= 0 milliseconds, got %r" % args.cycle_ms)
         result = simulate.simulate(loaded, args.workers, args.bandwidth, latency=latency,
-                                   codecs=args.codecs)
+                                   codecs=args.codecs,
+                                   cycle_s=None if args.cycle_ms is None else args.cycle_ms / 1e3)
     except ValueError as error:
         print("error: %s" % error, file=sys.stderr)
         return 2

@@ -270,9 +270,10 @@ class Simulation:
         return rows
 
 
-def simulate(profile, workers, bandwidths, latency=None, codecs=None, log=print):
-    """{"cells": [...], ...}: every (bandwidth, workers) cell, each timed."""
-    simulation = Simulation(profile)
+def simulate(profile, workers, bandwidths, latency=None, codecs=None, log=print, cycle_s=None):
+    """{"cells": [...], ...}: every (bandwidth, workers) cell, each timed; ``cycle_s``:
+    Horovod's cycle of the simulated runs (default: the profile's)."""
+    simulation = Simulation(profile, cycle_s)
     networks = profile.get("networks", {})
     parsed = [parse_bandwidth(b, networks) for b in bandwidths]
     codecs = [c for c in (codecs or simulation.codecs) if c != "none"]
@@ -296,7 +297,8 @@ def simulate(profile, workers, bandwidths, latency=None, codecs=None, log=print)
     return {"model": profile["model"], "source": profile["source"], "codecs": codecs,
             "local_step_s": simulation.local_step, "workers": list(workers),
             "bandwidths": [p[0] for p in parsed], "cells": cells,
-            "search_max_groups": SEARCH_MAX_GROUPS, "exhaustive_groups": EXHAUSTIVE_GROUPS}
+            "search_max_groups": SEARCH_MAX_GROUPS, "exhaustive_groups": EXHAUSTIVE_GROUPS,
+            "horovod_cycle_time_s": simulation.cycle_s}
 
 
 # ---- the report -------------------------------------------------------------------------
