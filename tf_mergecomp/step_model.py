@@ -278,12 +278,13 @@ class StepTimeModel:
         encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
                                                       (layouts, groups))
                                       for p in self.costs(lo, hi))
-        cpu = None
+        # On a CPU host: the work a step cannot overlap, but for each pass's own.
+        busy = None
         if (self.host_cpu is not None or self.host_cpu_per_pass) and self.codec_on_compute:
             cpu = (0.0 if self.host_cpu is None else np.broadcast_to(
                 np.asarray(self.host_cpu(lo, hi), dtype=np.float64), (layouts, groups)).sum(axis=1))
-            cpu = cpu + self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1) + self.tail
-        parts = (layouts, groups, record, hi, encode, collective, decode, cpu)
+            busy = cpu + self.boundary[-1] + encode.sum(axis=1) + decode.sum(axis=1) + self.tail
+        parts = (layouts, groups, record, hi, encode, collective, decode, busy)
         if not (self.steady_state and self.cycle_s > 0):
             return self._simulate_step(*parts, np.zeros(layouts), np.zeros(layouts))
         phase = np.zeros(layouts)
@@ -307,7 +308,7 @@ class StepTimeModel:
         result["step"] = np.where(settled, steps[-1], np.mean(steps[-_STEADY_MEAN:], axis=0))
         return result
 
-    def _simulate_step(self, layouts, groups, record, hi, encode, collective, decode, cpu,
+    def _simulate_step(self, layouts, groups, record, hi, encode, collective, decode, busy,
                        phase, thread_free):
         """One step whose Horovod ticks fall at ``k * cycle_s - phase`` and not before
         ``thread_free`` (seconds from the step's start, per layout)."""
@@ -319,8 +320,8 @@ class StepTimeModel:
         else:
             self._run_on_own_stream(state, rows, hi, encode, collective, decode)
         step = state.step + self.tail
-        if cpu is not None:
-            step = np.maximum(step, cpu + self.host_cpu_per_pass * state.passes)
+        if busy is not None:
+            step = np.maximum(step, busy + self.host_cpu_per_pass * state.passes)
         result = {"step": step, "backprop_end": state.backprop_end, "passes": state.passes,
                   "last_pass": state.last_pass, "thread_free": state.network_free,
                   "phase": phase}
