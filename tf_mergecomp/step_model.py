@@ -237,8 +237,7 @@ class StepTimeModel:
 
     # ------------------------------------------------------------------ public
     def step_time(self, splits):
-        return float(self.step_times(np.asarray([tuple(splits)], dtype=np.int64)
-                                     .reshape(1, len(tuple(splits))))[0])
+        return float(self.step_times(_one_layout(splits))[0])
 
     def step_times(self, splits):
         """Seconds per layout for a [B, G - 1] array of layouts with G groups each."""
@@ -250,13 +249,11 @@ class StepTimeModel:
     def cycle_phase(self, splits):
         """Where Horovod's ticks fall in this layout's step: at ``k * cycle_s - phase``
         seconds from its start (0 without ``steady_state``)."""
-        return float(self._simulate(np.asarray([tuple(splits)], dtype=np.int64)
-                                    .reshape(1, len(tuple(splits))))["phase"][0])
+        return float(self._simulate(_one_layout(splits))["phase"][0])
 
     def timeline(self, splits):
         """{encode, collective, decode: [(start, end)] per group, backprop_end, step} of one layout."""
-        events = self._simulate(np.asarray([tuple(splits)], dtype=np.int64)
-                                .reshape(1, len(tuple(splits))), record=True)
+        events = self._simulate(_one_layout(splits), record=True)
         return {
             "encode": [tuple(map(float, pair)) for pair in events["encode"][0]],
             "collective": [tuple(map(float, pair)) for pair in events["collective"][0]],
@@ -462,6 +459,12 @@ class StepTimeModel:
                 gd = d[run_decode]
                 s.decode_span[r, gd, 0] = start[run_decode]
                 s.decode_span[r, gd, 1] = end[run_decode]
+
+
+def _one_layout(splits):
+    """One layout as the [1, groups - 1] array ``_simulate`` takes."""
+    splits = tuple(splits)
+    return np.asarray([splits], dtype=np.int64).reshape(1, len(splits))
 
 
 class _State:
