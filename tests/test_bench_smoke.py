@@ -29,12 +29,22 @@ def test_ops_arguments():
     ["exchange", "--tensor-counts", "16,0"],
     ["exchange", "--models", "resnet50,lenet"],
     ["exchange", "--rounds", "0"],
+    ["restart", "--model", "lenet"],
+    ["restart", "--algorithm", "nope"],
+    ["restart", "--steps", "0"],
 ])
 def test_bad_arguments_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(argv)
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_restart_takes_one_algorithm(capsys):
+    from tf_mergecomp.bench.__main__ import main
+
+    assert main(["restart", "--algorithm", "fp16,topk"]) == 2
+    assert "one algorithm" in capsys.readouterr().err
 
 
 def test_quick_overrides_the_plan():

@@ -53,6 +53,10 @@ def _check_search(r):
     assert r["cost"]["traces"] == len(candidates)
     assert r["cost"]["steps"] <= 100
     assert r["cost"]["seconds"] > 0
+    # Horovod restarted before every turn of a candidate and once more for the
+    # choice, emptying its response cache each time.
+    turns = sum(len(rounds) for rounds, _, _, _ in candidates.values())
+    assert r["cost"]["horovod_restarts"] == turns + 1
 
 
 def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
@@ -75,6 +79,7 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     # That step's trace (one group), and the saved partition's unless it is one group.
     assert second["cost"]["traces"] == (1 if first["splits"] == [] else 2)
     assert second["loaded_from"] == str(path)
+    assert second["cost"]["horovod_restarts"] == 1  # for the saved partition
     assert second["splits"] == first["splits"]
     assert "reusing the partition saved in" in output
 
@@ -138,3 +143,49 @@ def _tensorboard_scalars(log_dir):
             number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
             scalars.setdefault(value.tag, []).append((event.step, number))
     return scalars
+
+
+class _FakeHorovod:
+    """What restart_blocker asks of Horovod, as a launch would answer it."""
+
+    def __init__(self, size=2, mpi=False, gloo=True, initialized=True):
+        self._size, self._mpi, self._gloo, self._initialized = size, mpi, gloo, initialized
+
+    def is_initialized(self):
+        return self._initialized
+
+    def size(self):
+        return self._size
+
+    def mpi_enabled(self):
+        return self._mpi
+
+    def gloo_enabled(self):
+        return self._gloo
+
+
+@pytest.mark.parametrize("fake, env, reason", [
+    (_FakeHorovod(initialized=False), {}, "not initialized"),
+    (_FakeHorovod(size=1), {}, "one rank"),
+    (_FakeHorovod(mpi=True, gloo=False), {}, "MPI"),
+    (_FakeHorovod(), {"HOROVOD_GLOO_RENDEZVOUS_ADDR": None}, "not launched by horovodrun"),
+    (_FakeHorovod(), {"HOROVOD_ELASTIC": "1"}, "elastic"),
+    (_FakeHorovod(), {"HOROVOD_TIMELINE": "/tmp/t.json"}, "timeline"),
+    (_FakeHorovod(), {"HOROVOD_AUTOTUNE": "1"}, "autotunes"),
+    (_FakeHorovod(), {"HOROVOD_CACHE_CAPACITY": "0"}, "cache is off"),
+    (_FakeHorovod(), {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, "process sets"),
+])
+def test_horovod_is_restarted_only_where_the_restart_rebuilds_everything(fake, env, reason,
+                                                                         monkeypatch):
+    from tf_mergecomp import communication
+
+    monkeypatch.setattr(communication, "_process_set_count", lambda: 1)
+    launch = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_CACHE_CAPACITY": "1024"}
+    assert communication.restart_blocker(_FakeHorovod(), launch) is None
+    launch.update(env)
+    launch = {k: v for k, v in launch.items() if v is not None}
+    assert reason in communication.restart_blocker(fake, launch)
+    # Unknown process sets (Horovod lists them only privately): no restart.
+    monkeypatch.setattr(communication, "_process_set_count", lambda: -1)
+    assert "process sets" in communication.restart_blocker(_FakeHorovod(), {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})

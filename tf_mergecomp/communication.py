@@ -72,3 +72,75 @@ def _flat_parts(key):
     if isinstance(key, tuple):
         return [part for item in key for part in _flat_parts(item)]
     return [str(key)]
+
+
+# Horovod's response cache keeps an entry for every collective name it has run
+# (up to HOROVOD_CACHE_CAPACITY, 1024 by default, evicting nothing below it),
+# and every background cycle (HOROVOD_CYCLE_TIME) coordinates a bit per entry
+# across the ranks. A partition search runs many candidates, each with its own
+# collective names (layer-wise alone: one per tensor), so afterwards every
+# cycle of the chosen partition's training carries all of them. Measured on
+# ResNet50 with 2 ranks of 2 cores (docs/benchmarks.md, "The search's
+# collectives outlive it"): one group's step 0.25 s before a search, 0.32-0.33 s
+# after it, its background thread from 14 to 82 ms of system time per step.
+# Restarting Horovod empties the cache.
+def restart_blocker(hvd=None, environ=None):
+    """Why Horovod cannot be restarted safely here, or None when it can.
+
+    A restart (``hvd.shutdown(); hvd.init()``) is safe when every rank does it
+    between the same two steps with no collective pending, and the re-init
+    rebuilds everything the first init made: one Gloo-controlled world started
+    by ``horovodrun`` (MPI cannot be initialised twice), no elastic driver
+    (it owns resets), no process set besides the global one (their ids would
+    be lost), no timeline (it would be truncated), no autotuning (it would
+    start over) and a response cache to empty. The answer depends only on the
+    launch, which is the same on every rank; ask while Horovod runs on every
+    rank (before any restart).
+    """
+    import os
+
+    if hvd is None:
+        import horovod.tensorflow as hvd
+    environ = os.environ if environ is None else environ
+    if not hvd.is_initialized():
+        return "Horovod is not initialized"
+    if hvd.size() == 1:
+        return "one rank"
+    if hvd.mpi_enabled() or not hvd.gloo_enabled():
+        return "Horovod runs on MPI, which cannot be initialized twice"
+    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in environ:
+        return "not launched by horovodrun"
+    if environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
+        return "elastic run"
+    for variable, why in (("HOROVOD_TIMELINE", "a timeline is recorded"),
+                          ("HOROVOD_AUTOTUNE", "Horovod autotunes")):
+        if environ.get(variable, "") not in ("", "0"):
+            return why + " (%s)" % variable
+    if environ.get("HOROVOD_CACHE_CAPACITY", "1024").strip() == "0":
+        return "the response cache is off (HOROVOD_CACHE_CAPACITY=0)"
+    if environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0") \
+            or _process_set_count() != 1:
+        return "process sets besides the global one"
+    return None
+
+
+def _process_set_count():
+    # Horovod has no public listing of process sets; without this one, assume
+    # there may be others.
+    try:
+        from horovod.common import process_sets
+
+        return len(process_sets._basics._get_process_set_ids_and_ranks())
+    except Exception:  # noqa: BLE001 (any failure means: do not restart)
+        return -1
+
+
+def restart_horovod(hvd=None):
+    """Empties Horovod's response cache by restarting it. Every rank must call
+    this between the same two steps, and only where ``restart_blocker()``
+    answered None, asked before the first restart: a rank's shutdown stops the
+    other ranks' Horovod too, which then answer differently."""
+    if hvd is None:
+        import horovod.tensorflow as hvd
+    hvd.shutdown()
+    hvd.init()

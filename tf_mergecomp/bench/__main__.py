@@ -1,4 +1,4 @@
-"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate,validate} [options]; see --help of each."""
+"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate,validate,restart} [options]; see --help of each."""
 
 import argparse
 import importlib
@@ -205,6 +205,23 @@ def build_parser():
     parity.add_argument("--np", type=int, default=2, dest="num_proc")
     parity.add_argument("--timeout", type=float, default=1500.0)
     parity.add_argument("--out", default="bench_results/parity")
+
+    restart = commands.add_parser(
+        "restart", help="one group's step before and after a search's worth of other "
+        "partitions, with and without a Horovod restart (2 workers, loopback)")
+    restart.add_argument("--model", type=models.check_model, default="resnet50")
+    restart.add_argument("--algorithm", type=_algorithms, default=["efsignsgd"])
+    restart.add_argument("--batch-size", type=_positive(int), default=32)
+    restart.add_argument("--steps", type=_positive(int), default=25,
+                         help="timed steps of one group per phase")
+    restart.add_argument("--search-steps", type=_positive(int), default=5,
+                         help="steps of each layout in a search's worth")
+    restart.add_argument("--search-rounds", type=_positive(int), default=2)
+    restart.add_argument("--repeats", type=_positive(int), default=2,
+                         help="times the search / after / restart / restarted sequence runs")
+    restart.add_argument("--np", type=_positive(int), default=2, dest="num_proc")
+    restart.add_argument("--timeout", type=float, default=1200.0)
+    restart.add_argument("--out", default="bench_results/restart")
     return parser
 
 
@@ -282,6 +299,15 @@ def main(argv=None):
             print("error: %s" % error, file=sys.stderr)
             return 2
         _report(validate.table(result["rows"]), result, args.out, "validate")
+        return 0
+    if args.command == "restart":
+        from tf_mergecomp.bench import restart
+
+        if len(args.algorithm) != 1:
+            print("error: --algorithm takes one algorithm", file=sys.stderr)
+            return 2
+        args.algorithm = args.algorithm[0]
+        print(restart.run(args))
         return 0
     from tf_mergecomp.bench import parity
 

@@ -25,7 +25,11 @@ CPU-only machine backprop takes seconds and hides most of what the grouping
 changes; the exchange time is what an accelerator that computes backprop
 almost instantly would wait for. A slow spell of the machine thus lands on
 every config of the batch, not on one, and a config listed twice (cluster.py
-repeats one per batch) measures the run's own noise.
+repeats one per batch) measures the run's own noise. Before each config's
+turn Horovod is restarted where that is safe (``communication.restart_horovod``)
+so that its response cache holds that config's collectives alone, as it would
+in a run of that config: otherwise every config pays, in every Horovod cycle,
+for the collectives of all the configs and searches before it.
 
 Before the configs the rank measures its plain local compute step time (no
 Horovod) while the other ranks do the same (``compute_steps`` > 0), which
@@ -400,6 +404,8 @@ def rotated(items, shift):
 
 def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
     """The interleaved measurement (module docstring); stops early, on all ranks, at the deadline."""
+    from tf_mergecomp import communication
+
     steps = spec["steps_per_round"]
     exchange_calls = spec.get("exchange_steps", 0)
     last_round_s = 0.0
@@ -410,6 +416,8 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
             break
         started = time.perf_counter()
         for slot in rotated(slots, round_index):
+            if output["restart_blocker"] is None:
+                communication.restart_horovod()
             # One untimed step: the switch from the previous config.
             times, cpu_times = _train_timed(slot.model, dataset, 1 + steps)
             result = slot.result
@@ -442,6 +450,7 @@ def main(argv=None):
     import tensorflow as tf
 
     import tf_mergecomp.bench.models as models
+    from tf_mergecomp import communication
     from tf_mergecomp._keras import keras
 
     hvd.init()
@@ -469,6 +478,8 @@ def main(argv=None):
 
     if spec.get("compute_steps"):
         output["compute_step_s"] = _local_compute_time(reference, dataset, spec, tf)
+    # Why Horovod is not restarted between configs; None when it is.
+    output["restart_blocker"] = communication.restart_blocker()
     gradients = _random_gradients(reference, rank, tf)
     weights = reference.get_weights()
     del reference  # each config trains a model of its own
