@@ -81,7 +81,7 @@ def _flat_parts(key):
 # collective names (layer-wise alone: one per tensor), so afterwards every
 # cycle of the chosen partition's training carries all of them. Measured on
 # ResNet50 with 2 ranks of 2 cores (docs/benchmarks.md, "The search's
-# collectives outlive it"): one group's step 0.25 s before a search, 0.32-0.33 s
+# collectives outlive it"): one group's step 0.25 s before a search, 0.30-0.32 s
 # after it, its background thread from 14 to 82 ms of system time per step.
 # Restarting Horovod empties the cache.
 def restart_blocker(hvd=None, environ=None):
@@ -90,7 +90,7 @@ def restart_blocker(hvd=None, environ=None):
     A restart (``hvd.shutdown(); hvd.init()``) is safe when every rank does it
     between the same two steps with no collective pending, and the re-init
     rebuilds everything the first init made: one Gloo-controlled world started
-    by ``horovodrun`` (MPI cannot be initialised twice), no elastic driver
+    by ``horovodrun`` (MPI cannot be initialized twice), no elastic driver
     (it owns resets), no process set besides the global one (their ids would
     be lost), no timeline (it would be truncated), no autotuning (it would
     start over) and a response cache to empty. The answer depends only on the

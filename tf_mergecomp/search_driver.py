@@ -29,14 +29,13 @@ What the search costs, step by step (defaults in brackets):
   keeps its own traced train step, so only its first turn traces (then
   ``warmup_steps`` discarded steps); every later turn costs one discarded
   switch step. Each turn times ``steps_per_candidate`` [3] steps; their
-  median, averaged over the workers, is the candidate's time in that round.
-
+  median, averaged over the workers, is the candidate's time in that round;
 - at each switch of candidate and once the partition is fixed, Horovod is
   restarted (``restart_horovod``; about 0.1 s with 2 ranks on one host) so
   that its response cache holds only the collectives of the candidate that
   trains next: the cache keeps every collective name it has run and
   coordinates all of them in every background cycle, which made the steps
-  timed after layer-wise, and the training after the search, up to 30%
+  timed after layer-wise, and the training after the search, 19-36%
   slower (ResNet50, 2 ranks on 2 cores).
 
 So the train step is traced at most 2 + finalists times (5 by default: the

@@ -247,6 +247,7 @@ def merge_batches(records, workers):
             if "compute_step_s" in output:
                 merged["compute_step_s"] = output["compute_step_s"]
             merged.setdefault("gradient_tensors", output.get("gradient_tensors"))
+            merged.setdefault("restart_blocker", output.get("restart_blocker"))
             for result in output["results"]:
                 merged["results"].append(dict(result, batch=index,
                                               peak_rss_mb=output.get("peak_rss_mb")))
@@ -656,6 +657,11 @@ def _run_all(args, batches, summary, out_dir):
                 "gradient_tensors": group["ranks"][0].get("gradient_tensors"),
             })
             notes.extend("%s with %d workers: %s" % (model, workers, e) for e in errors)
+            blocker = group["ranks"][0].get("restart_blocker") if group["ranks"] else None
+            if blocker is not None:
+                notes.append("%s with %d workers: Horovod was not restarted between configs (%s): "
+                             "each config's turn also paid for the collectives cached before it"
+                             % (model, workers, blocker))
             _write(summary, out_dir)
 
 
