@@ -62,6 +62,9 @@ def test_cluster_argument_checks():
     args = build_parser().parse_args(["cluster", "--workers", "1"])
     with pytest.raises(ValueError, match=">= 2"):
         cluster.check_args(args)
+    args = build_parser().parse_args(["cluster", "--search-min-turn-ms", "-5"])
+    with pytest.raises(ValueError, match="min-turn"):
+        cluster.check_args(args)
     with pytest.raises(ValueError, match="tc rate"):
         netns.check_rate("fast")
     assert netns.check_rate("100Mbit") == "100mbit"

@@ -189,3 +189,23 @@ def test_horovod_is_restarted_only_where_the_restart_rebuilds_everything(fake, e
     monkeypatch.setattr(communication, "_process_set_count", lambda: -1)
     assert "process sets" in communication.restart_blocker(_FakeHorovod(), {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
+
+
+def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():
+    from tf_mergecomp.search_driver import MAX_TURN_FACTOR, steps_per_turn
+
+    assert steps_per_turn(0.020, 3, 0.0) == 3  # off
+    assert steps_per_turn(0.250, 3, 0.2) == 3  # 3 steps already last 0.75 s
+    assert steps_per_turn(0.040, 3, 0.2) == 5  # ceil(0.2 / 0.04)
+    assert steps_per_turn(0.021, 3, 0.2) == 9  # ceil(9.5) = 10, bounded
+    assert steps_per_turn(0.001, 2, 0.2) == MAX_TURN_FACTOR * 2
+    assert steps_per_turn(float("nan"), 3, 0.2) == 3  # no profiled step time
+
+
+@pytest.mark.parametrize("value", [-0.1, float("inf"), "0.2", True, None])
+def test_a_bad_min_turn_seconds_is_refused_at_construction(value):
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.search_driver import PartitionSearchDriver
+
+    with pytest.raises(ValueError, match="min_turn_seconds"):
+        PartitionSearchDriver(MergeComp("fp16"), min_turn_seconds=value)

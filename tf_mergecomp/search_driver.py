@@ -28,8 +28,9 @@ What the search costs, step by step (defaults in brackets):
   function of step 1; layer-wise) and the ``finalists`` [3]. Each candidate
   keeps its own traced train step, so only its first turn traces (then
   ``warmup_steps`` discarded steps); every later turn costs one discarded
-  switch step. Each turn times ``steps_per_candidate`` [3] steps; their
-  median, averaged over the workers, is the candidate's time in that round;
+  switch step. Each turn times ``steps_per_candidate`` [3] steps (more
+  where ``min_turn_seconds`` asks for longer turns); their median, averaged
+  over the workers, is the candidate's time in that round;
 - at each switch of candidate and once the partition is fixed, Horovod is
   restarted (``restart_horovod``; about 0.1 s with 2 ranks on one host) so
   that its response cache holds only the collectives of the candidate that
@@ -96,6 +97,11 @@ class PartitionSearchDriver:
         placement (tf_mergecomp/step_model.py); by default on the backprop
         stream on hosts without a GPU, and decodes after backprop when
         TensorFlow runs ops on one inter-op thread.
+      min_turn_seconds: the least a confirm turn should last: where
+        ``steps_per_candidate`` steps of the profiled step take less, a turn
+        times more of them (at most ``MAX_TURN_FACTOR`` times as many). 0 (the
+        default) times ``steps_per_candidate``. Turns of a few 20 ms steps are
+        as short as the host's scheduling hiccups; longer ones cost steps.
       restart_horovod: restart Horovod (``hvd.shutdown(); hvd.init()``) at
         each switch of candidate and once the partition is fixed, where that is
         safe (``communication.restart_blocker``): Horovod's response cache would
@@ -108,7 +114,7 @@ class PartitionSearchDriver:
     def __init__(self, compression, max_groups=4, steps_per_candidate=3, rounds=4, finalists=3,
                  warmup_steps=2, profiled_steps=4, probe_repeats=3, save_path=None, verbose=1,
                  log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
-                 restart_horovod=True, **search_options):
+                 min_turn_seconds=0.0, restart_horovod=True, **search_options):
         from tf_mergecomp.mergecomp import MergeComp
 
         if not isinstance(compression, MergeComp):
@@ -123,6 +129,10 @@ class PartitionSearchDriver:
         for name, value in (("verbose", verbose), ("restart_horovod", restart_horovod)):
             if value not in (0, 1, True, False):
                 raise ValueError("%s must be 0 or 1, got %r" % (name, value))
+        if isinstance(min_turn_seconds, bool) or not isinstance(min_turn_seconds, (int, float)) \
+                or not 0 <= min_turn_seconds < float("inf"):
+            raise ValueError("min_turn_seconds must be a number of seconds >= 0, got %r"
+                             % (min_turn_seconds,))
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError("save_path must be a path or None, got %r" % (save_path,))
         unknown = set(search_options) - _ALGORITHM_OPTIONS
@@ -142,6 +152,8 @@ class PartitionSearchDriver:
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.codec_on_compute = codec_on_compute
         self.decodes_after_backprop = decodes_after_backprop
+        self.min_turn_seconds = float(min_turn_seconds)
+        self.turn_steps = steps_per_candidate  # set from the profiled step
         self.restart_horovod = bool(restart_horovod)
         self.restart_blocker = None  # why Horovod is not restarted, once the search began
         self._search_options = dict(search_options)
@@ -338,6 +350,7 @@ class PartitionSearchDriver:
         ready = self._mean_over_workers(ready)
         under_profiler = self._average_over_workers(under_profiler)
         plain = self._average_over_workers(plain)
+        self.turn_steps = steps_per_turn(plain, self.steps_per_candidate, self.min_turn_seconds)
         ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
         seen = ready[np.isfinite(ready)]
         self._log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
@@ -346,6 +359,9 @@ class PartitionSearchDriver:
                       "%.1f" % (1e3 * seen.min()) if seen.size else "?",
                       "%.1f" % (1e3 * seen.max()) if seen.size else "?",
                       " (%s)" % self.profile_note if self.profile_note else ""))
+        if self.turn_steps != self.steps_per_candidate:
+            self._log("confirm turns of %d timed steps (at least %.2f s each)" % (
+                self.turn_steps, self.min_turn_seconds))
         return search_core.ProfileResult(plain, ready)
 
     def _probe_layouts(self, layouts):
@@ -367,7 +383,7 @@ class PartitionSearchDriver:
         for _ in range(1 + self.warmup_steps if new else 1):
             yield "discard"
         seconds = []
-        for _ in range(self.steps_per_candidate):
+        for _ in range(self.turn_steps):
             seconds.append((yield "timed"))
         local = float(np.median(seconds))
         averaged = self._average_over_workers(local)
@@ -620,6 +636,8 @@ class PartitionSearchDriver:
             "settings": {"max_groups": self.max_groups, "rounds": self.rounds,
                          "finalists": self.finalists,
                          "steps_per_candidate": self.steps_per_candidate,
+                         "min_turn_seconds": self.min_turn_seconds,
+                         "turn_steps": self.turn_steps,
                          "warmup_steps": self.warmup_steps,
                          "profiled_steps": self.profiled_steps},
             "search": self.algorithm.summary(),
@@ -777,6 +795,17 @@ def _unwritable_reason(path):
 
 
 _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements"}
+MAX_TURN_FACTOR = 3
+
+
+def steps_per_turn(step_seconds, steps_per_candidate, min_turn_seconds):
+    """Timed steps of a confirm turn: ``steps_per_candidate``, or as many more
+    as make the turn last ``min_turn_seconds`` at ``step_seconds`` a step, at
+    most ``MAX_TURN_FACTOR`` times ``steps_per_candidate``."""
+    if min_turn_seconds <= 0 or not step_seconds > 0:
+        return steps_per_candidate
+    wanted = int(np.ceil(min_turn_seconds / step_seconds))
+    return int(min(MAX_TURN_FACTOR * steps_per_candidate, max(steps_per_candidate, wanted)))
 
 
 def _jsonable(value):

@@ -184,7 +184,7 @@ def batch_spec(model, configs, args, result_path, compute_steps):
         "configs": configs,
         # Rank 0 logs the search's phases into the batch's log.
         "search_params": {"max_groups": args.search_max_groups, "steps_per_candidate": 3,
-                          "verbose": 1},
+                          "min_turn_seconds": args.search_min_turn_ms / 1e3, "verbose": 1},
     }
 
 
@@ -692,4 +692,6 @@ def check_args(args):
     if args.launcher not in launcher.LAUNCHERS:
         raise ValueError("--launcher must be one of %s, got %r" % (", ".join(launcher.LAUNCHERS),
                                                                   args.launcher))
+    if not 0 <= getattr(args, "search_min_turn_ms", 0.0) < float("inf"):
+        raise ValueError("--search-min-turn-ms must be >= 0, got %r" % args.search_min_turn_ms)
     return args
