@@ -11,6 +11,8 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
+from tf_mergecomp.bench.models import tape_train_step  # noqa: E402,F401 (the workers' step)
+
 
 def small_classifier(seed=1):
     """A small MLP with identical initial weights on every rank."""
@@ -54,17 +56,3 @@ def capture_warnings():
     return recorder
 
 
-def tape_train_step(model, optimizer, loss_fn, compression):
-    """One training step through Horovod's DistributedGradientTape with ``compression``
-    (not traced: wrap it in tf.function, or in a search driver's ``function``)."""
-    import horovod.tensorflow as hvd
-
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
-
-    return train_step

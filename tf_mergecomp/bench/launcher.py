@@ -188,6 +188,29 @@ def horovodrun_path():
     return candidate if os.path.exists(candidate) else "horovodrun"
 
 
+def run_local_horovodrun(module, spec_path, num_proc, log_path, timeout_s):
+    """``horovodrun -np N --gloo python -m MODULE --worker SPEC`` on this machine
+    (loopback), its output into ``log_path``; the job's exit code, or None when it
+    ran past ``timeout_s`` (then killed with all its processes)."""
+    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    command = [horovodrun_path(), "-np", str(num_proc), "--gloo", sys.executable, "-m", module,
+               "--worker", os.path.abspath(spec_path)]
+    env = _keras.child_environ(
+        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   cwd=repo_root, start_new_session=True)
+        try:
+            return process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+
+
 def horovodrun_command(servers, argv):
     """``horovodrun -np W -H host0:1,...`` over ``servers``' ssh (port and key), running ``python argv``."""
     hosts = ",".join("%s:1" % host for host in servers.hosts)

@@ -117,3 +117,19 @@ def synthetic_dataset(name, batch_size, seed=0, model=None):
         features = rng.standard_normal((batch_size,) + IMAGE_SHAPE).astype(np.float32)
     labels = rng.integers(0, NUM_CLASSES, size=(batch_size,), dtype=np.int32)
     return tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+
+def tape_train_step(model, optimizer, loss_fn, compression):
+    """One training step through Horovod's DistributedGradientTape with ``compression``
+    (not traced: wrap it in tf.function, or in a search driver's ``function``)."""
+    import horovod.tensorflow as hvd
+
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(features, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+
+    return train_step

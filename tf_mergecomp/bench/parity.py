@@ -19,14 +19,11 @@ is a sign per coordinate: 0.002 x workers.
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import traceback
 
-from tf_mergecomp import _keras
-from tf_mergecomp.bench import report
+from tf_mergecomp.bench import launcher, report
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIGN_CODECS = ("signsgd", "signum")
@@ -172,25 +169,11 @@ def run(args):
     spec_path = os.path.join(args.out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    command = [horovodrun, "-np", str(args.num_proc), "--gloo", sys.executable, "-m",
-               "tf_mergecomp.bench.parity", "--worker", os.path.abspath(spec_path)]
-    env = _keras.child_environ(
-        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     log_path = os.path.join(args.out, "horovodrun.log")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=_REPO_ROOT, start_new_session=True)
-        try:
-            code = process.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-            notes.append("timed out after %.0f s; results so far shown" % args.timeout)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    code = launcher.run_local_horovodrun("tf_mergecomp.bench.parity", spec_path, args.num_proc,
+                                         log_path, args.timeout)
+    if code is None:
+        notes.append("timed out after %.0f s; results so far shown" % args.timeout)
     if code not in (0, None):
         notes.append("horovodrun exited %s; see %s" % (code, log_path))
     try:

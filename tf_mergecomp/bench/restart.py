@@ -26,15 +26,11 @@ coordinates all of them in every cycle; "after" carries the search's entries
 import json
 import os
 import resource
-import signal
-import subprocess
 import sys
 import time
 
-from tf_mergecomp import _keras
-from tf_mergecomp.bench import report
+from tf_mergecomp.bench import launcher, report
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SEARCH_LAYOUTS = ("layerwise", 2, 3, 4, 1)
 
 
@@ -47,24 +43,11 @@ def run(args):
     spec_path = os.path.join(args.out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)
-    command = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np",
-               str(args.num_proc), "--gloo", sys.executable, "-m", "tf_mergecomp.bench.restart",
-               "--worker", os.path.abspath(spec_path)]
-    env = _keras.child_environ(
-        TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     log_path = os.path.join(args.out, "horovodrun.log")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   cwd=_REPO_ROOT, start_new_session=True)
-        try:
-            code = process.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            code = "timeout after %.0f s" % args.timeout
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=30)
+    code = launcher.run_local_horovodrun("tf_mergecomp.bench.restart", spec_path, args.num_proc,
+                                         log_path, args.timeout)
+    if code is None:
+        code = "timeout after %.0f s" % args.timeout
     if code != 0:
         raise RuntimeError("horovodrun: %s; see %s" % (code, log_path))
     with open(spec["result_path"]) as f:
@@ -113,20 +96,14 @@ def worker_main(spec_path):
     compression = MergeComp(spec["algorithm"], partitions=1)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    def train_step():
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
+    train_step = models.tape_train_step(model, optimizer, loss_fn, compression)
 
     functions = {}
 
     def train(layout, steps, untimed=2):
         compression.set_partition(layout)
         if layout not in functions:
-            functions[layout] = tf.function(train_step)
+            functions[layout] = tf.function(lambda: train_step(features, labels))
         for _ in range(untimed):
             functions[layout]().numpy()
         seconds = []
