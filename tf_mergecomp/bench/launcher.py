@@ -188,13 +188,21 @@ def horovodrun_path():
     return candidate if os.path.exists(candidate) else "horovodrun"
 
 
-def run_local_horovodrun(module, spec_path, num_proc, log_path, timeout_s):
-    """``horovodrun -np N --gloo python -m MODULE --worker SPEC`` on this machine
-    (loopback), its output into ``log_path``; the job's exit code, or None when it
-    ran past ``timeout_s`` (then killed with all its processes)."""
+def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
+    """Writes ``spec`` to OUT_DIR/spec.json and runs ``horovodrun -np N --gloo
+    python -m MODULE --worker OUT_DIR/spec.json`` on this machine (loopback), its
+    output into OUT_DIR/horovodrun.log. Returns (the job's exit code, or None when
+    it ran past ``timeout_s`` and was killed with all its processes; the log's path)."""
+    import json
+
+    os.makedirs(out_dir, exist_ok=True)
+    spec_path = os.path.abspath(os.path.join(out_dir, "spec.json"))
+    with open(spec_path, "w") as f:
+        json.dump(spec, f, indent=1)
+    log_path = os.path.join(out_dir, "horovodrun.log")
     repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     command = [horovodrun_path(), "-np", str(num_proc), "--gloo", sys.executable, "-m", module,
-               "--worker", os.path.abspath(spec_path)]
+               "--worker", spec_path]
     env = _keras.child_environ(
         TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p))
@@ -202,9 +210,9 @@ def run_local_horovodrun(module, spec_path, num_proc, log_path, timeout_s):
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    cwd=repo_root, start_new_session=True)
         try:
-            return process.wait(timeout=timeout_s)
+            return process.wait(timeout=timeout_s), log_path
         except subprocess.TimeoutExpired:
-            return None
+            return None, log_path
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)

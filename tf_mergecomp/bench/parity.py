@@ -166,12 +166,8 @@ def run(args):
     spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms),
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}
-    spec_path = os.path.join(args.out, "spec.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f, indent=1)
-    log_path = os.path.join(args.out, "horovodrun.log")
-    code = launcher.run_local_horovodrun("tf_mergecomp.bench.parity", spec_path, args.num_proc,
-                                         log_path, args.timeout)
+    code, log_path = launcher.run_local_horovodrun("tf_mergecomp.bench.parity", spec, args.out,
+                                                   args.num_proc, args.timeout)
     if code is None:
         notes.append("timed out after %.0f s; results so far shown" % args.timeout)
     if code not in (0, None):

@@ -35,17 +35,12 @@ SEARCH_LAYOUTS = ("layerwise", 2, 3, 4, 1)
 
 
 def run(args):
-    os.makedirs(args.out, exist_ok=True)
     spec = {"model": args.model, "algorithm": args.algorithm, "batch_size": args.batch_size,
             "steps": args.steps, "search_steps": args.search_steps,
             "search_rounds": args.search_rounds, "repeats": args.repeats,
             "result_path": os.path.abspath(os.path.join(args.out, "restart.json"))}
-    spec_path = os.path.join(args.out, "spec.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f, indent=1)
-    log_path = os.path.join(args.out, "horovodrun.log")
-    code = launcher.run_local_horovodrun("tf_mergecomp.bench.restart", spec_path, args.num_proc,
-                                         log_path, args.timeout)
+    code, log_path = launcher.run_local_horovodrun("tf_mergecomp.bench.restart", spec, args.out,
+                                                   args.num_proc, args.timeout)
     if code is None:
         code = "timeout after %.0f s" % args.timeout
     if code != 0:
