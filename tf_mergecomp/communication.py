@@ -135,12 +135,12 @@ def _process_set_count():
         return -1
 
 
-def restart_horovod(hvd=None):
+def restart_horovod():
     """Empties Horovod's response cache by restarting it. Every rank must call
     this between the same two steps, and only where ``restart_blocker()``
     answered None, asked before the first restart: a rank's shutdown stops the
     other ranks' Horovod too, which then answer differently."""
-    if hvd is None:
-        import horovod.tensorflow as hvd
+    import horovod.tensorflow as hvd
+
     hvd.shutdown()
     hvd.init()

@@ -692,6 +692,6 @@ def check_args(args):
     if args.launcher not in launcher.LAUNCHERS:
         raise ValueError("--launcher must be one of %s, got %r" % (", ".join(launcher.LAUNCHERS),
                                                                   args.launcher))
-    if not 0 <= getattr(args, "search_min_turn_ms", 0.0) < float("inf"):
+    if not 0 <= args.search_min_turn_ms < float("inf"):
         raise ValueError("--search-min-turn-ms must be >= 0, got %r" % args.search_min_turn_ms)
     return args

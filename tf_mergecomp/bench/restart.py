@@ -108,7 +108,7 @@ def worker_main(spec_path):
             functions[layout]().numpy()
             seconds.append(time.perf_counter() - started)
         after = resource.getrusage(resource.RUSAGE_SELF)
-        return {"step_s": float(sorted(seconds)[len(seconds) // 2]),
+        return {"step_s": report.median(seconds),
                 "system_s": (after.ru_stime - usage.ru_stime) / steps,
                 "user_s": (after.ru_utime - usage.ru_utime) / steps}
 
