@@ -194,8 +194,11 @@ def test_batch_noise_and_peak_rss_reach_the_ratios():
                            repeat_of="topk layerwise")]
     topk_batch = {"labels": [], "error": "rank 1 exited with 1", "ranks": [
         output(0, 1500.0, topk_results), output(1, 1600.0, topk_results)]}
+    horovod_batch["ranks"][0]["horovod_restarts"] = 3
+    topk_batch["ranks"][0]["horovod_restarts"] = 8
     ranks = cluster.merge_batches([horovod_batch, topk_batch], workers=2)
     assert ranks[0]["compute_step_s"] == 0.3 and len(ranks[1]["results"]) == 5
+    assert ranks[0]["horovod_restarts"] == 11 and ranks[1]["horovod_restarts"] == 0
     group = {"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32,
              "batches": [horovod_batch, topk_batch]}
     assert cluster.batch_errors(group) == ["batch 2 (): rank 1 exited with 1"]
@@ -207,8 +210,9 @@ def test_batch_noise_and_peak_rss_reach_the_ratios():
     summary = {"bandwidth": "1gbit", "notes": [], "batch_size": 32,
                "single": [{"model": "transformer", "images_per_s": 100.0, "compute_step_s": 0.1}],
                "groups": [{"model": "transformer", "workers": 2, "rows": list(rows.values()),
-                           "compute_step_s": [0.3], "rounds": 3}]}
+                           "compute_step_s": [0.3], "rounds": 3, "horovod_restarts": 11}]}
     text = cluster.tables(summary)
+    assert "before each config's turn (11 restarts per rank" in text
     searched = [l for l in text.splitlines() if l.startswith("| topk searched")][0]
     cells = [c.strip() for c in searched.strip("|").split("|")]
     assert cells[4] == "0.976"                     # 0.40 s / 0.41 s, measured in the same rounds

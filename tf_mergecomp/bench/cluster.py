@@ -248,6 +248,8 @@ def merge_batches(records, workers):
                 merged["compute_step_s"] = output["compute_step_s"]
             merged.setdefault("gradient_tensors", output.get("gradient_tensors"))
             merged.setdefault("restart_blocker", output.get("restart_blocker"))
+            merged["horovod_restarts"] = (merged.get("horovod_restarts", 0)
+                                          + output.get("horovod_restarts", 0))
             for result in output["results"]:
                 merged["results"].append(dict(result, batch=index,
                                               peak_rss_mb=output.get("peak_rss_mb")))
@@ -462,18 +464,22 @@ def _batches_text(group):
     rows = group["rows"]
     peaks = [r["peak_rss_mb"] for r in rows if r.get("peak_rss_mb")]
     steps = max([r.get("steps", 0) for r in rows] + [0])
+    restarts = (" Horovod was restarted before each config's turn (%d restarts per rank, the "
+                "searches' own not counted)." % group["horovod_restarts"]
+                if group.get("horovod_restarts") else "")
     if group.get("isolate"):
         return ("Configs run one per batch (--isolate), each in fresh rank processes, in %s "
                 "rounds (%d measured steps per config); \"batch noise\" is the spread between "
                 "the two measurements (two batches) of the config each algorithm runs twice "
-                "(the \"(repeat)\" rows). Peak RSS of a rank: %s MB (largest batch)." % (
-                    group.get("rounds", "-"), steps, report.fmt(max(peaks)) if peaks else "-"))
+                "(the \"(repeat)\" rows). Peak RSS of a rank: %s MB (largest batch).%s" % (
+                    group.get("rounds", "-"), steps, report.fmt(max(peaks)) if peaks else "-",
+                    restarts))
     return ("Configs run in %d batches, each in fresh rank processes, timed interleaved in %s "
             "rounds (%d measured steps per config); \"batch noise\" is the spread between the "
             "two measurements of the config each batch runs twice (the \"(repeat)\" rows). "
-            "Peak RSS of a rank: %s MB (largest batch)." % (
+            "Peak RSS of a rank: %s MB (largest batch).%s" % (
                 len({r.get("batch") for r in rows}), group.get("rounds", "-"), steps,
-                report.fmt(max(peaks)) if peaks else "-"))
+                report.fmt(max(peaks)) if peaks else "-", restarts))
 
 
 def _load_text(load):
@@ -655,6 +661,7 @@ def _run_all(args, batches, summary, out_dir):
                 "load_average": group["load_average"],
                 "compute_step_s": [r["compute_step_s"] for r in group["ranks"] if "compute_step_s" in r],
                 "gradient_tensors": group["ranks"][0].get("gradient_tensors"),
+                "horovod_restarts": group["ranks"][0].get("horovod_restarts", 0),
             })
             notes.extend("%s with %d workers: %s" % (model, workers, e) for e in errors)
             blocker = group["ranks"][0].get("restart_blocker") if group["ranks"] else None

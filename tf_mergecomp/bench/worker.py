@@ -418,6 +418,7 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
         for slot in rotated(slots, round_index):
             if output["restart_blocker"] is None:
                 communication.restart_horovod()
+                output["horovod_restarts"] += 1
             # One untimed step: the switch from the previous config.
             times, cpu_times = _train_timed(slot.model, dataset, 1 + steps)
             result = slot.result
@@ -480,6 +481,7 @@ def main(argv=None):
         output["compute_step_s"] = _local_compute_time(reference, dataset, spec, tf)
     # Why Horovod is not restarted between configs; None when it is.
     output["restart_blocker"] = communication.restart_blocker()
+    output["horovod_restarts"] = 0  # those between configs; a search's are in its own cost
     gradients = _random_gradients(reference, rank, tf)
     weights = reference.get_weights()
     del reference  # each config trains a model of its own
