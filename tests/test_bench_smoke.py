@@ -515,3 +515,16 @@ def test_report_of_an_earlier_run_is_rewritten_from_its_json(tmp_path, capsys):
     assert "searched >= 1.3x layer-wise" in text and (tmp_path / "cluster.png").exists()
     assert main(["cluster", "--report", str(tmp_path / "missing")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_search_note_gives_the_confirm_medians_and_the_paired_ratio():
+    summary = {"choice": [2], "candidates": [
+        {"splits": [], "measured_s": 0.5, "relative_to_one_group": 1.0},
+        {"splits": [1, 2, 3], "measured_s": 0.6, "relative_to_one_group": 1.2},
+        {"splits": [2], "measured_s": 0.49, "relative_to_one_group": 0.97}]}
+    row = {"search_traces": 5, "search_steps": 90, "search_s": 42.0, "num_tensors": 4,
+           "search_summary": summary, "search_finished": True}
+    note = cluster.search_note({"search_on": "training"}, row)
+    assert note == ("search on training: 5 traces, 90 steps, 42 s (interleaved medians: chosen "
+                    "490.0 ms, one group 500.0 ms, layer-wise 600.0 ms, chosen/one group in the "
+                    "same rounds 0.970)")

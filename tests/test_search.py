@@ -233,10 +233,43 @@ def test_clear_losers_are_dropped_after_the_second_round():
     result = run_search(sizes, profile, probe, time_candidate, max_groups=4, rounds=4)
     algorithm = result.algorithm
     assert result.splits == layerwise
-    assert set(algorithm.dropped) == set(algorithm.candidates) - {layerwise}
+    # One group is the yardstick of every round: never dropped.
+    assert set(algorithm.dropped) == set(algorithm.candidates) - {layerwise, ()}
     assert all(after == 2 for after in algorithm.dropped.values())
-    # Two full rounds, and the winner is alone: no third round.
-    assert result.requests["time"] == 2 * len(algorithm.candidates)
+    # Two full rounds, then the winner against one group.
+    assert result.requests["time"] == 2 * len(algorithm.candidates) + 2 * 2
+    assert algorithm.relative_seconds()[layerwise] == pytest.approx(0.5)
+
+
+def test_the_choice_is_judged_against_one_group_in_the_same_round():
+    """Steps slow down over the process's life (1% per turn here) and one group's first turn
+    hiccups (1.6x): every finalist is 3% slower than one group side by side, and is not
+    chosen, though medians of absolute times from different rounds favour one of them."""
+    sizes, profile, probe = flat_system(30)
+    layerwise = tuple(range(1, 30))
+    turns = []
+
+    def time_candidate(splits):
+        turns.append(splits)
+        base = {(): 1.0, layerwise: 1.15}.get(splits, 1.03)
+        hiccup = 1.6 if splits == () and turns.count(()) == 1 else 1.0
+        return base * hiccup * (1 + 0.01 * len(turns))
+
+    result = run_search(sizes, profile, probe, time_candidate, max_groups=4, rounds=4)
+    algorithm = result.algorithm
+    assert result.splits == ()
+    assert () not in algorithm.dropped and turns.count(()) == 4
+    measured = algorithm.measured_seconds()
+    assert min(measured, key=measured.get) != ()  # absolute medians would have chosen wrong
+    relative = algorithm.relative_seconds()
+    assert all(relative[layout] > 1.0 for layout in relative if layout != ())
+
+
+def test_a_confirm_turn_must_answer_positive_seconds():
+    sizes, profile, probe = flat_system(10)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="positive, finite seconds"):
+            run_search(sizes, profile, probe, lambda splits, bad=bad: bad, max_groups=2)
 
 
 def test_best_layouts_on_a_grid_matches_the_exhaustive_optimum():

@@ -29,10 +29,15 @@ Confirm (real training steps)
      count, then the next best overall) and both sentinels, one group and
      layer-wise, are timed by training steps, interleaved: ``rounds`` rounds,
      each timing every candidate once, in an order rotated by one each round,
-     so that a slow spell of the machine falls on all of them. A candidate
-     whose best round is slower than the leader's worst round (from the
-     second round on) is dropped. The result is the candidate with the lowest
-     median over its rounds: never one measured slower than a sentinel.
+     so that a slow spell of the machine falls on all of them. Each time is
+     judged against one group's time in the same round (one group, the
+     reference, is timed in every round): a process's steps drift over its
+     life and single turns hiccup, and a ratio within a round cancels what
+     the round's turns share, where medians of absolute times from different
+     rounds would not. A candidate whose best ratio is above the leader's
+     worst (from the second round on) is dropped; the reference never is.
+     The result is the candidate with the lowest median ratio: never one
+     measured slower than one group side by side, nor than layer-wise.
 
 The algorithm is framework-free and driven by requests: ``start()`` returns
 the first request, ``answer(value)`` the next (None when done).
@@ -69,6 +74,8 @@ FINALIST_SPACING = 0.03
 RANKED_PER_GROUP_COUNT = 16
 # On a grid, the best this many layouts are refined cut by cut.
 REFINED_SEEDS = 8
+# One group: timed in every confirm round, the yardstick of the others.
+REFERENCE = ()
 
 
 class Profile:
@@ -218,8 +225,21 @@ class PartitionSearchAlgorithm:
                 values.setdefault(layout, []).append(seconds)
         return {layout: float(np.median(v)) for layout, v in values.items()}
 
+    def relative_seconds(self):
+        """{layout: median over its confirm rounds of its time / one group's in that round}:
+        what the choice is made on."""
+        values = {}
+        for measured in self.rounds_measured:
+            for layout, ratio in _relative_to_reference(measured).items():
+                values.setdefault(layout, []).append(ratio)
+        return {layout: float(np.median(v)) for layout, v in values.items()}
+
     def rounds_of(self, layout):
         return [measured[layout] for measured in self.rounds_measured if layout in measured]
+
+    def relative_rounds_of(self, layout):
+        rounds = [_relative_to_reference(measured) for measured in self.rounds_measured]
+        return [ratios[layout] for ratios in rounds if layout in ratios]
 
     # --------------------------------------------------------------------- plan
     def _run(self):
@@ -332,21 +352,25 @@ class PartitionSearchAlgorithm:
             for layout in _rotated(active, round_index):
                 seconds = yield Time(layout, first=layout not in started)
                 started.add(layout)
+                if not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
+                    raise ValueError("a confirm turn must answer positive, finite seconds per "
+                                     "step, got %r for %r" % (seconds, layout))
                 measured[layout] = float(seconds)
             if round_index >= 1 and round_index + 1 < self.rounds:
                 active = self._drop_clear_losers(active, round_index)
-                if len(active) == 1:
+                if active == [REFERENCE]:
                     break
-        estimates = self.measured_seconds()
+        estimates = self.relative_seconds()
         self.choice = min(estimates, key=lambda l: (estimates[l], len(l)))
 
     def _drop_clear_losers(self, active, round_index):
-        estimates = self.measured_seconds()
-        leader = min(active, key=lambda l: estimates[l])
-        leader_worst = max(self.rounds_of(leader))
+        estimates = self.relative_seconds()
+        leader = min(active, key=lambda l: (estimates[l], len(l)))
+        leader_worst = max(self.relative_rounds_of(leader))
         kept = []
         for layout in active:
-            if layout != leader and min(self.rounds_of(layout)) > leader_worst:
+            if (layout not in (leader, REFERENCE)
+                    and min(self.relative_rounds_of(layout)) > leader_worst):
                 self.dropped[layout] = round_index + 1
             else:
                 kept.append(layout)
@@ -356,12 +380,14 @@ class PartitionSearchAlgorithm:
     def summary(self):
         """A JSON-able account of the search."""
         measured = self.measured_seconds()
+        relative = self.relative_seconds()
 
         def entry(layout):
             return {"splits": list(layout), "groups": len(layout) + 1,
                     "predicted_s": self.predictions.get(layout),
                     "measured_s": measured.get(layout),
                     "rounds_s": self.rounds_of(layout),
+                    "relative_to_one_group": relative.get(layout),
                     "dropped_after_round": self.dropped.get(layout)}
 
         return {
@@ -443,6 +469,14 @@ def _refine_cuts(model, layout, seconds):
         if not moved:
             break
     return tuple(layout), seconds
+
+
+def _relative_to_reference(measured):
+    """One confirm round's times over one group's in that round; {} without it."""
+    reference = measured.get(REFERENCE)
+    if not reference or reference <= 0:
+        return {}
+    return {layout: seconds / reference for layout, seconds in measured.items()}
 
 
 def _top(layouts, times, count):

@@ -30,7 +30,10 @@ What the search costs, step by step (defaults in brackets):
   ``warmup_steps`` discarded steps); every later turn costs one discarded
   switch step. Each turn times ``steps_per_candidate`` [3] steps (more
   where ``min_turn_seconds`` asks for longer turns); their median, averaged
-  over the workers, is the candidate's time in that round;
+  over the workers, is the candidate's time in that round, and its ratio to
+  one group's time in the same round is what the choice is made on (one
+  group is timed in every round: the steps of a process drift over its
+  life, and a ratio within a round cancels that);
 - at each switch of candidate and once the partition is fixed, Horovod is
   restarted (``restart_horovod``; about 0.1 s with 2 ranks on one host) so
   that its response cache holds only the collectives of the candidate that
@@ -43,7 +46,7 @@ So the train step is traced at most 2 + finalists times (5 by default: the
 first trace of a Keras train function also creates the optimizer's variables,
 for which TensorFlow traces it twice), and a search takes about
 1 + 2 + 4 + 4 + 4 x 5 x (1 + 3) + 4 x 2 = 99 steps, fewer when clear losers are
-dropped after the second round. The decision (and every answer) is averaged
+dropped after the second round (one group never is). The decision (and every answer) is averaged
 over the workers, so all workers take the same path. Rank 0 logs each phase
 and, at the end, the choice next to the sentinels and what the search cost
 (traces, steps, seconds).
@@ -249,7 +252,9 @@ class PartitionSearchDriver:
             return
         if self._profiler is not None:
             self._profiler.stop([])
-        measured = self.algorithm.measured_seconds() if self.algorithm is not None else {}
+        measured = {}
+        if self.algorithm is not None:
+            measured = self.algorithm.relative_seconds() or self.algorithm.measured_seconds()
         choice = min(measured, key=lambda l: (measured[l], len(l))) if measured else ()
         self._log("search stopped early after %d steps: keeping %s" % (
             self.cost["steps"], _describe(choice)))
@@ -473,9 +478,14 @@ class PartitionSearchDriver:
         layerwise = grouping.layerwise_splits(n)
         if n > 1 and layerwise in measured:
             sentinels.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
-        self._log("chose %s: %.2f ms/step (%s; medians of %d interleaved rounds); the search "
-                  "spent %d traces of the train step, %d steps, %.1f s" % (
+        relative = self.algorithm.relative_seconds()
+        if layerwise in relative and n > 1:
+            sentinels.append("layer-wise/one group %.3f" % relative[layerwise])
+        self._log("chose %s: %.2f ms/step, %.3fx one group's step in the same rounds (%s; "
+                  "medians of %d interleaved rounds); the search spent %d traces of the train "
+                  "step, %d steps, %.1f s" % (
                       _describe(choice), 1e3 * measured.get(choice, float("nan")),
+                      relative.get(choice, float("nan")),
                       ", ".join(sentinels), len(self.algorithm.rounds_measured),
                       self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
         self._tensorboard(choice)

@@ -322,6 +322,11 @@ def search_note(result, row):
                           ("layer-wise", tuple(range(1, n)) if n else None)):
         if layout is not None and layout in measured:
             parts.append("%s %.1f ms" % (label, 1e3 * measured[layout]))
+    choice = tuple(summary.get("choice") or ())
+    relative = {tuple(c["splits"]): c.get("relative_to_one_group")
+                for c in summary.get("candidates", [])}
+    if choice and relative.get(choice) is not None:
+        parts.append("chosen/one group in the same rounds %.3f" % relative[choice])
     if parts:
         note += " (interleaved medians: %s)" % ", ".join(parts)
     if not row.get("search_finished"):
