@@ -20,7 +20,7 @@ import pytest
 from tf_mergecomp import search as search_module
 from tf_mergecomp.grouping import layerwise_splits
 from tf_mergecomp.search import (PartitionSearchAlgorithm, Probe, Profile, ProfileResult, Time,
-                                 best_layouts, run_search)
+                                 Warm, best_layouts, run_search)
 from tf_mergecomp.step_model import StepTimeModel, exhaustive_best
 
 STEPS_PER_ROUND = 3  # a confirm round's time is the median of this many noisy steps
@@ -190,10 +190,15 @@ def test_request_protocol_and_interleaved_rotated_rounds():
         algorithm.start()
     request = algorithm.answer(profile(()))
     assert isinstance(request, Probe) and () in request.layouts
-    order = []
+    order, warmed = [], []
     while request is not None:
         if isinstance(request, Probe):
+            assert not warmed  # every probe before the confirm phase
             request = algorithm.answer([probe(l) for l in request.layouts])
+        elif isinstance(request, Warm):
+            assert not order
+            warmed.extend(request.layouts)
+            request = algorithm.answer(None)
         else:
             assert isinstance(request, Time)
             order.append((request.splits, request.first))
@@ -201,11 +206,13 @@ def test_request_protocol_and_interleaved_rotated_rounds():
     assert algorithm.done and algorithm.pending is None
     candidates = algorithm.candidates
     assert candidates[:2] == [(), tuple(range(1, 40))] and len(candidates) == 4
+    # Every candidate trains an untimed turn (its trace) before the first timed round.
+    assert warmed == candidates
     rounds = [order[i * 4:(i + 1) * 4] for i in range(3)]
     for index, turns in enumerate(rounds):
         # Every candidate once per round, the order rotated by one each round.
         assert [s for s, _ in turns] == candidates[index:] + candidates[:index]
-        assert all(first == (index == 0) for _, first in turns)
+        assert not any(first for _, first in turns)
     with pytest.raises(RuntimeError, match="no request is pending"):
         algorithm.answer(1.0)
 

@@ -27,7 +27,9 @@ Explore (no trace of the model per candidate)
 Confirm (real training steps)
   4. The finalists (at most ``finalists``: the predicted best of each group
      count, then the next best overall) and both sentinels, one group and
-     layer-wise, are timed by training steps, interleaved: ``rounds`` rounds,
+     layer-wise, first train in turn untimed (each traced, and past the slow
+     steps that follow any trace, before any is timed), then are timed by
+     training steps, interleaved: ``rounds`` rounds,
      each timing every candidate once, in an order rotated by one each round,
      so that a slow spell of the machine falls on all of them. Each time is
      judged against one group's time in the same round (one group, the
@@ -47,6 +49,7 @@ the first request, ``answer(value)`` the next (None when done).
   ``Probe(layouts)``   time each group of each layout alone; answer one
                        [groups, 3] array of encode, collective, decode seconds
                        per layout.
+  ``Warm(layouts)``    train with each layout in turn, untimed; answer None.
   ``Time(splits)``     one confirm round of this candidate: train with it
                        and answer its seconds per step.
 
@@ -100,6 +103,19 @@ class Probe:
 
     def __repr__(self):
         return "Probe(%d layouts)" % len(self.layouts)
+
+
+class Warm:
+    """Request: train each of ``layouts`` untimed, in turn (tracing each that
+    has not trained yet), before the first timed confirm round."""
+
+    kind = "warm"
+
+    def __init__(self, layouts):
+        self.layouts = [tuple(layout) for layout in layouts]
+
+    def __repr__(self):
+        return "Warm(%d layouts)" % len(self.layouts)
 
 
 class Time:
@@ -345,7 +361,8 @@ class PartitionSearchAlgorithm:
         self.phase = "confirm"
         self.candidates = list(self.sentinels) + list(self.finalist_layouts)
         active = list(self.candidates)
-        started = set()
+        yield Warm(active)
+        started = set(active)
         for round_index in range(self.rounds):
             measured = {}
             self.rounds_measured.append(measured)
@@ -547,7 +564,8 @@ def run_search(sizes, profile, probe, time_candidate, **options):
     the train step in real training).
     """
     algorithm = PartitionSearchAlgorithm(sizes, **options)
-    counts = {"profile": 0, "probe": 0, "time": 0, "traced": 0}
+    counts = {"profile": 0, "probe": 0, "warm": 0, "time": 0, "traced": 0}
+    trained = {()}  # the profile trains one group
     request = algorithm.start()
     while request is not None:
         if request.kind == "profile":
@@ -557,10 +575,16 @@ def run_search(sizes, profile, probe, time_candidate, **options):
         elif request.kind == "probe":
             counts["probe"] += len(request.layouts)
             answer = [probe(layout) for layout in request.layouts]
+        elif request.kind == "warm":
+            counts["warm"] += len(request.layouts)
+            counts["traced"] += len(set(request.layouts) - trained)
+            trained.update(request.layouts)
+            answer = None
         else:
             counts["time"] += 1
-            if request.first and request.splits != ():
-                counts["traced"] += 1  # one group was traced for the profile
+            if request.splits not in trained:
+                counts["traced"] += 1
+                trained.add(request.splits)
             answer = time_candidate(request.splits)
         request = algorithm.answer(answer)
     return SearchResult(algorithm, counts)

@@ -24,11 +24,12 @@ What the search costs, step by step (defaults in brackets):
 - between two steps, the exchange probe times single groups of a few
   layouts on tensors of the gradient shapes (no model trace; about a second
   of tracing per layout), and the finalists are predicted;
-- confirm: ``rounds`` [4] rounds over the sentinels (one group, reusing the
-  function of step 1; layer-wise) and the ``finalists`` [3]. Each candidate
-  keeps its own traced train step, so only its first turn traces (then
-  ``warmup_steps`` discarded steps); every later turn costs one discarded
-  switch step. Each turn times ``steps_per_candidate`` [3] steps (more
+- confirm: the sentinels (one group, reusing the function of step 1;
+  layer-wise) and the ``finalists`` [3] first train one untimed turn each
+  (a trace, then ``warmup_steps`` discarded steps: so no timed turn follows
+  a trace), then ``rounds`` [4] timed rounds over them. Each candidate keeps
+  its own traced train step; every timed turn costs one discarded switch
+  step. Each turn times ``steps_per_candidate`` [3] steps (more
   where ``min_turn_seconds`` asks for longer turns); their median, averaged
   over the workers, is the candidate's time in that round, and its ratio to
   one group's time in the same round is what the choice is made on (one
@@ -45,7 +46,7 @@ What the search costs, step by step (defaults in brackets):
 So the train step is traced at most 2 + finalists times (5 by default: the
 first trace of a Keras train function also creates the optimizer's variables,
 for which TensorFlow traces it twice), and a search takes about
-1 + 2 + 4 + 4 + 4 x 5 x (1 + 3) + 4 x 2 = 99 steps, fewer when clear losers are
+1 + 2 + 4 + 4 + (5 + 4 x 2) + 4 x 5 x (1 + 3) = 104 steps, fewer when clear losers are
 dropped after the second round (one group never is). The decision (and every answer) is averaged
 over the workers, so all workers take the same path. Rank 0 logs each phase
 and, at the end, the choice next to the sentinels and what the search cost
@@ -315,9 +316,10 @@ class PartitionSearchDriver:
                 answer = yield from self._profile()
             elif request.kind == "probe":
                 answer = self._probe_layouts(request.layouts)
+            elif request.kind == "warm":
+                self._log_finalists()
+                answer = yield from self._warm(request.layouts)
             else:
-                if not self.algorithm.rounds_measured or not self.algorithm.rounds_measured[0]:
-                    self._log_finalists()
                 answer = yield from self._time(request.splits)
             request = self.algorithm.answer(answer)
             if self.algorithm.rounds_measured:
@@ -381,12 +383,16 @@ class PartitionSearchDriver:
             sum(len(a) for a in answers), len(layouts), time.perf_counter() - started))
         return answers
 
+    def _warm(self, layouts):
+        """An untimed turn of each candidate: traced there, so that no timed turn follows
+        a trace (the steps after one run slow, whatever was traced; round 1 measured
+        one group 1.6x its round-2 time right after the exchange probe, ResNet50 fp16)."""
+        for layout in layouts:
+            yield from self._discard_turn(layout)
+        return None
+
     def _time(self, layout):
-        new = self._activate(layout)
-        # The first turn traces, and the steps after a trace run slow; later
-        # turns only switch functions.
-        for _ in range(1 + self.warmup_steps if new else 1):
-            yield "discard"
+        yield from self._discard_turn(layout)
         seconds = []
         for _ in range(self.turn_steps):
             seconds.append((yield "timed"))
@@ -399,6 +405,13 @@ class PartitionSearchDriver:
         return averaged
 
     # --------------------------------------------------------------- internals
+    def _discard_turn(self, layout):
+        """Switches to ``layout`` and discards its first steps: 1 + ``warmup_steps``
+        where that traces, else the one switch step."""
+        new = self._activate(layout)
+        for _ in range(1 + self.warmup_steps if new else 1):
+            yield "discard"
+
     def _history_record(self, layout):
         for record in self.history:
             if tuple(record["splits"]) == tuple(layout):
@@ -414,7 +427,7 @@ class PartitionSearchDriver:
     def _log_finalists(self):
         a, n = self.algorithm, self.compression.num_tensors
         self._log("predicted %s; confirming %s against one group and layer-wise in %d "
-                  "interleaved rounds" % (
+                  "interleaved rounds, after an untimed turn of each" % (
                       ", ".join("%s %.2f ms" % (_short(l, n), 1e3 * a.predictions[l])
                                 for l in [()] + a.finalist_layouts if l in a.predictions),
                       ", ".join(_short(l, n) for l in a.finalist_layouts) or "nothing else",
