@@ -489,9 +489,10 @@ def _refine_cuts(model, layout, seconds):
 
 
 def _relative_to_reference(measured):
-    """One confirm round's times over one group's in that round; {} without it."""
+    """One confirm round's times over one group's in that round; {} before one group's turn
+    (times are positive: _confirm checks them)."""
     reference = measured.get(REFERENCE)
-    if not reference or reference <= 0:
+    if reference is None:
         return {}
     return {layout: seconds / reference for layout, seconds in measured.items()}
 
