@@ -314,19 +314,17 @@ def search_note(result, row):
         result.get("search_on", "training"), row.get("search_traces", "?"),
         row.get("search_steps", "?"), row["search_s"])
     summary = row.get("search_summary") or {}
-    measured = {tuple(c["splits"]): c["measured_s"] for c in summary.get("candidates", [])
-                if c.get("measured_s") is not None}
+    candidates = {tuple(c["splits"]): c for c in summary.get("candidates", [])}
+    choice = tuple(summary.get("choice") or ())
     n = row.get("num_tensors")
     parts = []
-    for label, layout in (("chosen", tuple(summary.get("choice") or ())), ("one group", ()),
+    for label, layout in (("chosen", choice), ("one group", ()),
                           ("layer-wise", tuple(range(1, n)) if n else None)):
-        if layout is not None and layout in measured:
-            parts.append("%s %.1f ms" % (label, 1e3 * measured[layout]))
-    choice = tuple(summary.get("choice") or ())
-    relative = {tuple(c["splits"]): c.get("relative_to_one_group")
-                for c in summary.get("candidates", [])}
-    if choice and relative.get(choice) is not None:
-        parts.append("chosen/one group in the same rounds %.3f" % relative[choice])
+        if candidates.get(layout, {}).get("measured_s") is not None:
+            parts.append("%s %.1f ms" % (label, 1e3 * candidates[layout]["measured_s"]))
+    if choice and candidates.get(choice, {}).get("relative_to_one_group") is not None:
+        parts.append("chosen/one group in the same rounds %.3f"
+                     % candidates[choice]["relative_to_one_group"])
     if parts:
         note += " (interleaved medians: %s)" % ", ".join(parts)
     if not row.get("search_finished"):
