@@ -6,6 +6,8 @@ they can be tested with a simulated one.
 
 import tensorflow as tf
 
+from tf_mergecomp import rendezvous
+
 
 class HorovodCommunicator:
     """Runs collectives on a Horovod process set.
@@ -139,8 +141,48 @@ def restart_horovod():
     """Empties Horovod's response cache by restarting it. Every rank must call
     this between the same two steps, and only where ``restart_blocker()``
     answered None, asked before the first restart: a rank's shutdown stops the
-    other ranks' Horovod too, which then answer differently."""
+    other ranks' Horovod too, which then answer differently.
+
+    Returns None once restarted, or (the same on every rank) why Horovod was
+    left running: the launcher's rendezvous server still held addresses of
+    the world before, which the re-init could read (tf_mergecomp/rendezvous.py).
+    """
     import horovod.tensorflow as hvd
 
+    problem = clear_rendezvous(hvd)
+    if problem is not None:
+        return problem
     hvd.shutdown()
     hvd.init()
+    return None
+
+
+_placements = {}  # (rank, size) -> every rank's (host name, local rank)
+
+
+def clear_rendezvous(hvd, environ=None):
+    """Empties the rendezvous scopes the last ``hvd.init()`` left stale, from
+    rank 0 while the other ranks wait for its answer. A collective: every rank
+    calls it. Returns None, or why Horovod must not be initialized again."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    world = (hvd.rank(), hvd.size())
+    if world not in _placements:
+        # Gloo names a rank's local scope after HOROVOD_HOSTNAME, "localhost" unset.
+        _placements[world] = hvd.allgather_object(
+            (environ.get("HOROVOD_HOSTNAME", "localhost"), hvd.local_rank()),
+            name="tf_mergecomp.rendezvous_placements")
+    problem = None
+    if hvd.rank() == 0:
+        server = "%s:%s" % (environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+                            environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+        try:
+            _, left = rendezvous.clear_stale_scopes(
+                server, rendezvous.job_scopes(_placements[world]))
+            if left:
+                problem = ("the rendezvous server at %s kept the old addresses in scope %s"
+                           % (server, ", ".join(left)))
+        except OSError as error:
+            problem = "the rendezvous server at %s did not answer (%s)" % (server, error)
+    return hvd.broadcast_object(problem, root_rank=0, name="tf_mergecomp.rendezvous_cleared")

@@ -455,9 +455,13 @@ class PartitionSearchDriver:
         restart Horovod together."""
         if restart and self.restart_blocker is None:
             started = time.perf_counter()
-            communication.restart_horovod()
-            self.cost["horovod_restarts"] += 1
+            problem = communication.restart_horovod()
             self.cost["restart_seconds"] += time.perf_counter() - started
+            if problem is None:
+                self.cost["horovod_restarts"] += 1
+            else:
+                self.restart_blocker = problem
+                self._log("no longer restarting Horovod between candidates: %s" % problem)
         self._current_layout = tuple(layout)
         new = self.train_functions.use(self._current_layout, fresh=fresh)
         if new:

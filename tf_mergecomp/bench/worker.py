@@ -417,8 +417,9 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
         started = time.perf_counter()
         for slot in rotated(slots, round_index):
             if output["restart_blocker"] is None:
-                communication.restart_horovod()
-                output["horovod_restarts"] += 1
+                output["restart_blocker"] = communication.restart_horovod()
+                if output["restart_blocker"] is None:
+                    output["horovod_restarts"] += 1
             # One untimed step: the switch from the previous config.
             times, cpu_times = _train_timed(slot.model, dataset, 1 + steps)
             result = slot.result
