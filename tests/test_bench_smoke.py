@@ -92,14 +92,24 @@ def test_batches_bound_each_process_and_repeat_one_config():
     assert max(len(b) for b in batches) == 4  # what a rank holds at once, whatever the matrix
     repeat = batches[2][-1]
     assert repeat["repeat_of"] == "dgc layerwise" and repeat["partition"] == "layerwise"
-    flat = [c for b in batches for c in b if not c.get("repeat_of")]
+    # An algorithm's configs train the searched config's model; Horovod's their own.
+    assert [c.get("model_of") for c in batches[1]] == ["fp16 searched", "fp16 searched", None,
+                                                       "fp16 searched"]
+    assert not any("model_of" in c for c in batches[0])
+
+    def unshared(config):
+        return {k: v for k, v in config.items() if k != "model_of"}
+
+    flat = [unshared(c) for b in batches for c in b if not c.get("repeat_of")]
     assert flat == cluster.plan_configs(list(cluster.DEFAULT_ALGORITHMS))
     args = apply_quick(build_parser().parse_args(["cluster", "--quick"]))
     rounds, per_round = cluster.rounds_plan(args)
     assert rounds == cluster.QUICK["exchange_rounds"] and rounds * per_round >= args.steps
     isolated = cluster.plan_batches(list(cluster.DEFAULT_ALGORITHMS), isolate=True)
     assert [b for b in isolated if len(b) != 1] == []
-    assert [b[0] for b in isolated] == [c for b in batches for c in b]
+    assert [b[0] for b in isolated] == [unshared(c) for b in batches for c in b]
+    no_search = cluster.plan_batches(["topk"], modes=("one", "layerwise"))
+    assert [c.get("model_of") for c in no_search[1]] == [None, "topk one", "topk one"]
     assert build_parser().parse_args(["cluster", "--isolate"]).isolate
 
 
@@ -528,3 +538,35 @@ def test_the_search_note_gives_the_confirm_medians_and_the_paired_ratio():
     assert note == ("search on training: 5 traces, 90 steps, 42 s (interleaved medians: chosen "
                     "490.0 ms, one group 500.0 ms, layer-wise 600.0 ms, chosen/one group in the "
                     "same rounds 0.970)")
+
+
+def test_an_algorithms_configs_train_one_model_each_in_its_partition(tmp_path):
+    """A real 2-rank batch of the worker (transformer, efsignsgd): the searched
+    config searches, then it and the configs on its model take turns, each
+    running its own partition's collectives."""
+    import time
+
+    from tests import horovodrun
+
+    configs = cluster.plan_batches(["efsignsgd"])[1]
+    spec = {"model": "transformer", "batch_size": 8, "warmup_steps": 1, "rounds": 2,
+            "steps_per_round": 2, "search_steps": 150, "compute_steps": 0, "exchange_steps": 1,
+            "search_on": "training", "deadline": time.time() + 400, "configs": configs,
+            "result_path": str(tmp_path / "rank{rank}.json"),
+            "search_params": {"max_groups": 2, "verbose": 0}}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    horovodrun.run("tf_mergecomp/bench/worker.py", args=[tmp_path / "spec.json"], timeout=400)
+    output = json.loads((tmp_path / "rank0.json").read_text())
+    results = {r["label"]: r for r in output["results"]}
+    assert list(results) == [c["label"] for c in configs]  # the plan's order, set up owner first
+    assert all(r["ok"] for r in results.values()), results
+    assert [label for label, r in results.items() if "search_s" in r] == ["efsignsgd searched"]
+    n = output["gradient_tensors"]
+    assert results["efsignsgd layerwise"]["num_groups"] == n
+    assert results["efsignsgd layerwise (repeat)"]["num_groups"] == n
+    assert results["efsignsgd one"]["num_groups"] == 1
+    # Equal turns and exchange calls: the same collectives per group in each config's rounds.
+    per_group = {label: r["collectives_executed"] / r["num_groups"] for label, r in results.items()}
+    assert len(set(per_group.values())) == 1 and min(per_group.values()) > 0, per_group
+    for result in results.values():
+        assert len(result["step_times_s"]) == spec["rounds"] * spec["steps_per_round"]

@@ -19,7 +19,11 @@ Batches: the configs run in batches, each in a fresh set of rank processes
 its layer-wise, one-group and searched configs. A rank thus holds the models,
 MergeComp state and traced functions of one batch only (its peak RSS,
 ``ru_maxrss``, is reported per batch), and no config runs after the whole
-matrix's earlier configs. Within a batch, worker.py times the configs
+matrix's earlier configs. An algorithm's configs train one model, the
+searched config's, each in its own partition (``_share_one_model``): two
+models of the same config trained up to 14% apart side by side, which a
+comparison of partitions on different models would take for the partition's
+doing. Within a batch, worker.py times the configs
 interleaved in rounds (order rotated per round), so the ratios MergeComp
 reports (searched vs layer-wise and one group) compare configs measured side
 by side. Each batch also runs one config twice, as two independent configs
@@ -140,7 +144,21 @@ def plan_batches(algorithms, modes=PARTITION_MODES, isolate=False):
         batch.extend(_repeat(c) for c in list(batch) if _is_repeated(c))
     if isolate:
         return [[config] for batch in batches for config in batch]
-    return batches
+    return [_share_one_model(batch) for batch in batches]
+
+
+def _share_one_model(batch):
+    """An algorithm's configs train one model, each in its partition: the
+    searched config's (or the first's), after its search. Two models of the
+    same config, built the same way, trained up to 14% apart in the same rounds
+    (ResNet50, 2 workers; docs/benchmarks.md): a partition compared on
+    another model would carry that difference."""
+    mergecomp = [c for c in batch if c["kind"] == "mergecomp"]
+    if len(mergecomp) < 2:
+        return batch
+    owner = next((c for c in mergecomp if c["partition"] == "searched"), mergecomp[0])
+    return [dict(c, model_of=owner["label"]) if c in mergecomp and c is not owner else c
+            for c in batch]
 
 
 def rounds_plan(args):

@@ -13,7 +13,13 @@ of the whole matrix alive) and where to write this rank's result JSON.
 
 Setup, config by config: a model of its own (the broadcast weights), a new
 optimizer and compression, the partition search for "searched", then
-``warmup_steps`` training steps (tracing, Horovod and allocator warm-up).
+``warmup_steps`` training steps (tracing, Horovod and allocator warm-up). A
+config with ``model_of`` (cluster.py gives it to an algorithm's layer-wise
+and one-group configs) instead trains the model and MergeComp of the config
+it names, after that one's setup, with a train function of its own
+partition; before each turn the config's partition and train function are
+made the model's (``_activate``), as the partition search switches its
+candidates.
 Then ``rounds`` rounds; in each, every config (the order rotated by one per
 round, so that no config always follows the same one) trains
 ``steps_per_round`` timed steps after one untimed step (the switch from the
@@ -63,6 +69,8 @@ from tf_mergecomp.bench import report
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
+# The partitions a config can train on another config's model with, as set_partition takes them.
+SHARED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
 SEARCH_ON = ("training", "exchange")
 
 
@@ -138,7 +146,8 @@ def build_compression(config):
 
 
 class Slot:
-    """One config of the batch: its own model, optimizer, compression and exchange."""
+    """One config of the batch: its model, optimizer and compression (its own, or
+    those of the config named by ``config["model_of"]``), and its exchange."""
 
     def __init__(self, config, result):
         self.config = config
@@ -148,6 +157,10 @@ class Slot:
         self.mergecomp = None
         self.search_callback_class = None
         self.exchange = None
+        # MergeComp: the partition it trains with and its train function,
+        # made current before each of its turns (``_activate``).
+        self.partition = None
+        self.train_function = None
 
 
 def _new_result(config):
@@ -156,12 +169,26 @@ def _new_result(config):
             "elapsed_s": 0.0}
 
 
-def _build_slot(slot, weights, gradients, spec, hvd, tf):
-    """The local part of a config's setup: no collectives run here."""
+def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
+    """The local part of a config's setup: no collectives run here. With
+    ``owner`` (the slot of ``config["model_of"]``), the config trains the
+    owner's model with the owner's MergeComp, in a partition of its own."""
     from tf_mergecomp._keras import keras
 
     import tf_mergecomp.bench.models as models
 
+    if slot.config.get("model_of") is not None and owner is None:
+        raise ValueError("the config whose model it trains, %r, was not set up"
+                         % slot.config["model_of"])
+    if owner is not None:
+        partition = slot.config["partition"]
+        if owner.mergecomp is None or partition not in SHARED_PARTITIONS:
+            raise ValueError("only MergeComp's %s configs can share a MergeComp config's model"
+                             % " and ".join(SHARED_PARTITIONS))
+        slot.model, slot.compression, slot.mergecomp = owner.model, owner.mergecomp, owner.mergecomp
+        slot.partition = SHARED_PARTITIONS[partition]
+        slot.exchange = _make_exchange(slot.compression, gradients, tf)
+        return
     compression, slot.search_callback_class, slot.result["note"] = build_compression(slot.config)
     slot.compression = compression
     slot.mergecomp = compression if slot.config["kind"] == "mergecomp" else None
@@ -179,6 +206,7 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf):
 
 def _warm_up_slot(slot, dataset, spec):
     """The partition search ("searched"), then the warm-up steps (tracing included)."""
+    _activate(slot)
     if slot.search_callback_class is not None:
         search_on = spec.get("search_on", "training")
         if search_on not in SEARCH_ON:
@@ -193,11 +221,26 @@ def _warm_up_slot(slot, dataset, spec):
     slot.result["first_steps_s"] = sum(times)
     mergecomp = slot.mergecomp
     if mergecomp is not None:
+        if slot.partition is None:  # its own model: the partition it was built with or chose
+            slot.partition = list(mergecomp.splits) or 1
+            slot.train_function = slot.model.train_function
         slot.result.update(
             splits=list(mergecomp.splits) if mergecomp.splits is not None else None,
             num_groups=mergecomp.num_groups,
             num_tensors=mergecomp.num_tensors,
         )
+
+
+def _activate(slot):
+    """Makes the slot's model train with the slot's partition from its next step:
+    a model several configs share trains each with a train function of its own."""
+    if slot.partition is None:
+        return
+    slot.mergecomp.set_partition(slot.partition)
+    if slot.train_function is None:  # traced at the next step
+        slot.model.make_train_function(force=True)
+        slot.train_function = slot.model.train_function
+    slot.model.train_function = slot.train_function
 
 
 def _make_stop_when_done(callback):
@@ -259,13 +302,12 @@ def _make_exchange(compression, gradients, tf):
     optimizer builds, applied to ``gradients`` as they are (the tape is asked
     for the gradient of the tensors with respect to themselves, with the tensors
     as output gradients, which records no op). It runs in a ``tf.function``
-    traced afresh whenever the MergeComp's partition changes, and returns one
-    element of every reduced tensor, so waiting for it waits for the whole
-    exchange without copying the gradients out.
+    traced at its first call, in the config's first turn (its partition set:
+    ``_activate``), and returns one element of every reduced tensor, so
+    waiting for it waits for the whole exchange without copying the gradients
+    out.
     """
     import horovod.tensorflow as hvd_tf
-
-    state = {"version": None, "fn": None}
 
     def first_elements(grads):
         grads = list(grads)
@@ -275,15 +317,7 @@ def _make_exchange(compression, gradients, tf):
         reduced = tape.gradient(grads, grads, output_gradients=grads)
         return tf.stack([tf.reshape(g, [-1])[0] for g in reduced])
 
-    def step(grads):
-        version = getattr(compression, "partition_version", None)
-        if state["fn"] is None or state["version"] != version:
-            state["fn"] = tf.function(first_elements)
-            state["version"] = version
-        return state["fn"](grads)
-
-    step.python_function = first_elements
-    return step, gradients
+    return tf.function(first_elements), gradients
 
 
 def _time_exchange(exchange, calls, unmeasured):
@@ -368,10 +402,12 @@ def _run_step(result, step, *args):
 
 
 def set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, tf):
-    """Builds and warms up every config of the batch; returns the slots ready on all ranks."""
-    slots = []
+    """Builds and warms up every config of the batch; returns the slots ready on all ranks.
+    A config training another's model (``model_of``) is set up after all the others."""
+    slots, by_label = [], {}
     last_setup_s = 0.0
-    for index, config in enumerate(spec["configs"]):
+    configs = sorted(spec["configs"], key=lambda c: c.get("model_of") is not None)
+    for index, config in enumerate(configs):
         result = _new_result(config)
         output["results"].append(result)
         if not _agree([_has_time(spec, last_setup_s)], "bench_time_%d" % index, hvd_tf, tf)[0]:
@@ -379,7 +415,9 @@ def set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, 
             break
         started = time.perf_counter()
         slot = Slot(config, result)
-        for phase, step, args in (("build", _build_slot, (slot, weights, gradients, spec, hvd, tf)),
+        owner = by_label.get(config.get("model_of"))
+        for phase, step, args in (("build", _build_slot,
+                                   (slot, weights, gradients, spec, hvd, tf, owner)),
                                   ("warmup", _warm_up_slot, (slot, dataset, spec))):
             ok_here = _run_step(result, step, *args)
             if not _agree([ok_here], "bench_%s_%d" % (phase, index), hvd_tf, tf)[0]:
@@ -389,9 +427,12 @@ def set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, 
             result["ok"] = True
             result["setup_s"] = time.perf_counter() - started
             slots.append(slot)
+            by_label[config["label"]] = slot
         last_setup_s = time.perf_counter() - started
         write()
-    return slots
+    order = {c["label"]: i for i, c in enumerate(spec["configs"])}
+    output["results"].sort(key=lambda r: order[r["label"]])
+    return sorted(slots, key=lambda slot: order[slot.config["label"]])
 
 
 def rotated(items, shift):
@@ -420,6 +461,8 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
                 output["restart_blocker"] = communication.restart_horovod()
                 if output["restart_blocker"] is None:
                     output["horovod_restarts"] += 1
+            _activate(slot)
+            collectives_before = _collectives(slot)
             # One untimed step: the switch from the previous config.
             times, cpu_times = _train_timed(slot.model, dataset, 1 + steps)
             result = slot.result
@@ -431,12 +474,17 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
                 # The first round's first two calls trace and warm up.
                 result["exchange_times_s"] += _time_exchange(
                     slot.exchange, exchange_calls, unmeasured=2 if round_index == 0 else 1)
+            if collectives_before is not None:
+                result["collectives_executed"] = (result.get("collectives_executed", 0)
+                                                  + _collectives(slot) - collectives_before)
         output["rounds_done"] = round_index + 1
         last_round_s = time.perf_counter() - started
         write()
-    for slot in slots:
-        if slot.mergecomp is not None:
-            slot.result["collectives_executed"] = int(slot.mergecomp.collectives_executed.numpy())
+
+
+def _collectives(slot):
+    """MergeComp's count of the collectives it ran (shared by the configs of one model)."""
+    return int(slot.mergecomp.collectives_executed.numpy()) if slot.mergecomp is not None else None
 
 
 def main(argv=None):
