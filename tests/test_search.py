@@ -248,6 +248,31 @@ def test_clear_losers_are_dropped_after_the_second_round():
     assert algorithm.relative_seconds()[layerwise] == pytest.approx(0.5)
 
 
+def test_a_dropped_candidate_is_not_chosen_on_its_early_rounds():
+    """Finalist A leads rounds 1-2 (0.67 of one group) and drops B (0.72), then runs
+    at 1.02 of one group in rounds 3-4: A's median over its four rounds (0.845) is
+    above B's over its two, but B lost to A on its rounds; A is chosen."""
+    sizes, profile, probe = flat_system(30)
+    layerwise = tuple(range(1, 30))
+    roles, calls = {}, {}
+
+    def time_candidate(splits):
+        calls[splits] = calls.get(splits, 0) + 1
+        if splits == ():
+            return 1.0
+        if splits == layerwise:
+            return 2.0
+        role = roles.setdefault(splits, "ABC"[min(len(roles), 2)])
+        return {"A": 0.67 if calls[splits] <= 2 else 1.02, "B": 0.72, "C": 1.5}[role]
+
+    result = run_search(sizes, profile, probe, time_candidate, max_groups=4, rounds=4)
+    algorithm = result.algorithm
+    a, b = (next(l for l, r in roles.items() if r == role) for role in "AB")
+    assert algorithm.dropped[b] == 2 and algorithm.relative_seconds()[b] == pytest.approx(0.72)
+    assert result.splits == a
+    assert algorithm.relative_seconds()[a] == pytest.approx((0.67 + 1.02) / 2)
+
+
 def test_the_choice_is_judged_against_one_group_in_the_same_round():
     """Steps slow down over the process's life (1% per turn here) and one group's first turn
     hiccups (1.6x): every finalist is 3% slower than one group side by side, and is not

@@ -38,8 +38,9 @@ Confirm (real training steps)
      the round's turns share, where medians of absolute times from different
      rounds would not. A candidate whose best ratio is above the leader's
      worst (from the second round on) is dropped; the reference never is.
-     The result is the candidate with the lowest median ratio: never one
-     measured slower than one group side by side, nor than layer-wise.
+     The result is the candidate still timed in the last round with the
+     lowest median ratio: never one measured slower than one group side by
+     side, nor than layer-wise, nor one that lost to the leader.
 
 The algorithm is framework-free and driven by requests: ``start()`` returns
 the first request, ``answer(value)`` the next (None when done).
@@ -377,8 +378,13 @@ class PartitionSearchAlgorithm:
                 active = self._drop_clear_losers(active, round_index)
                 if active == [REFERENCE]:
                     break
+        # Among the candidates still timed: one dropped lost to the leader on the
+        # rounds it ran, and its median over those rounds is no match for a
+        # survivor's over all of them (round 1-2 of a DGC search timed one group
+        # slow, so the 3-group candidate dropped after them kept a median of
+        # 0.73 of one group, the leader it lost to came to 0.83 over 4 rounds).
         estimates = self.relative_seconds()
-        self.choice = min(estimates, key=lambda l: (estimates[l], len(l)))
+        self.choice = min(active, key=lambda l: (estimates[l], len(l)))
 
     def _drop_clear_losers(self, active, round_index):
         estimates = self.relative_seconds()
