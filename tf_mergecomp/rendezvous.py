@@ -76,10 +76,12 @@ def clear_stale_scopes(server, scopes, deadline_s=30.0):
         found.append(scope)
         # At most ``size`` reports complete the count, whatever part of it
         # the server still remembers.
+        stale = True
         for _ in range(size):
             _request("http://%s/%s/%s" % (server, scope, _REPORT_KEY), "DELETE")
-            if not scope_is_stale(server, scope) or time.monotonic() > deadline:
+            stale = scope_is_stale(server, scope)
+            if not stale or time.monotonic() > deadline:
                 break
-        if scope_is_stale(server, scope):
+        if stale:
             left.append(scope)
     return found, left

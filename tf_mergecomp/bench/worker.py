@@ -21,7 +21,7 @@ partition; before each turn the config's partition and train function are
 made the model's (``_activate``), as the partition search switches its
 candidates.
 Then ``rounds`` rounds; in each, every config (the order rotated by one per
-round, so that no config always follows the same one) trains
+round, so that each round starts with a different config) trains
 ``steps_per_round`` timed steps after one untimed step (the switch from the
 previous config), then times ``exchange_steps`` calls of its gradient
 exchange alone: the same Horovod allreduce function the optimizer uses
@@ -69,8 +69,9 @@ from tf_mergecomp.bench import report
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
-# The partitions a config can train on another config's model with, as set_partition takes them.
-SHARED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
+# The configs' fixed partitions, as MergeComp and set_partition take them (the
+# ones a config can also train on another config's model with).
+FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
 SEARCH_ON = ("training", "exchange")
 
 
@@ -137,10 +138,9 @@ def build_compression(config):
     if partition not in MERGECOMP_PARTITIONS:
         raise ValueError("partition must be one of %s, got %r" % (MERGECOMP_PARTITIONS, partition))
     params = dict(config.get("params", {}))
-    if partition == "layerwise":
-        return MergeComp(config["algorithm"], partitions="layerwise", seed=0, **params), None, ""
-    if partition == "one":
-        return MergeComp(config["algorithm"], partitions=1, seed=0, **params), None, ""
+    if partition in FIXED_PARTITIONS:
+        return (MergeComp(config["algorithm"], partitions=FIXED_PARTITIONS[partition], seed=0,
+                          **params), None, "")
     mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
     return mergecomp, MergeCompCallback, ""
 
@@ -182,11 +182,11 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
                          % slot.config["model_of"])
     if owner is not None:
         partition = slot.config["partition"]
-        if owner.mergecomp is None or partition not in SHARED_PARTITIONS:
+        if owner.mergecomp is None or partition not in FIXED_PARTITIONS:
             raise ValueError("only MergeComp's %s configs can share a MergeComp config's model"
-                             % " and ".join(SHARED_PARTITIONS))
+                             % " and ".join(FIXED_PARTITIONS))
         slot.model, slot.compression, slot.mergecomp = owner.model, owner.mergecomp, owner.mergecomp
-        slot.partition = SHARED_PARTITIONS[partition]
+        slot.partition = FIXED_PARTITIONS[partition]
         slot.exchange = _make_exchange(slot.compression, gradients, tf)
         return
     compression, slot.search_callback_class, slot.result["note"] = build_compression(slot.config)
