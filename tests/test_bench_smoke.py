@@ -1,7 +1,9 @@
 """Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
 
 import json
+import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -140,21 +142,25 @@ def test_cluster_summary_math():
     def result(label, partition, steps, **extra):
         config = {"label": label, "kind": "mergecomp", "algorithm": "topk", "partition": partition}
         return dict({"label": label, "config": config, "ok": True, "step_times_s": steps,
+                     "switch_steps_s": [1.0] * len(steps),  # one step per turn
                      "elapsed_s": sum(steps), "cpu_s": sum(steps) / 2, "first_steps_s": 1.0,
                      "num_groups": 3, "splits": [5, 9]}, **extra)
 
     ranks = [
         {"compute_step_s": 0.1, "results": [
-            result("topk layerwise", "layerwise", [0.4, 0.4, 0.4], exchange_times_s=[0.1, 0.1, 0.1]),
-            result("topk searched", "searched", [0.2, 0.2, 0.2], exchange_times_s=[0.02, 0.03, 0.02])]},
+            result("topk layerwise", "layerwise", [0.4, 0.4, 0.3], exchange_times_s=[0.1, 0.1, 0.1]),
+            result("topk searched", "searched", [0.15, 0.1, 0.15], exchange_times_s=[0.02, 0.03, 0.02])]},
         {"compute_step_s": 0.1, "results": [
-            result("topk layerwise", "layerwise", [0.4, 0.5, 0.4], exchange_times_s=[0.12, 0.1, 0.1]),
-            result("topk searched", "searched", [0.1, 0.25, 0.2], exchange_times_s=[0.025, 0.02, 0.02])]},
+            result("topk layerwise", "layerwise", [0.4, 0.5, 0.3], exchange_times_s=[0.12, 0.1, 0.1]),
+            result("topk searched", "searched", [0.1, 0.3, 0.1], exchange_times_s=[0.025, 0.02, 0.02])]},
     ]
     rows = cluster.summarize({"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32})
     by_label = {r["label"]: r for r in rows}
     assert by_label["topk layerwise"]["step_s"] == pytest.approx(0.4)
+    # The mean of the slowest rank's steps (0.15, 0.3, 0.15), not their median.
     assert by_label["topk searched"]["step_s"] == pytest.approx(0.2)
+    assert by_label["topk searched"]["step_s_median"] == pytest.approx(0.15)
+    assert by_label["topk searched"]["turn_step_s"] == pytest.approx([0.15, 0.3, 0.15])
     assert by_label["topk searched"]["images_per_s"] == pytest.approx(2 * 32 / 0.2)
     summary = {"bandwidth": "1gbit", "notes": ["a note"], "batch_size": 32,
                "single": [{"model": "transformer", "images_per_s": 100.0, "compute_step_s": 0.1}],
@@ -173,8 +179,53 @@ def test_cluster_summary_math():
     assert "- a note" in text
     # topk is not held to the 2x target; 320 vs 160 images/s is within 3% of the
     # better sentinel; the best scaling factor is 1.6.
-    assert "- topk: within 3% of the better sentinel: met (100.0% faster)" in text
+    # The rounds' log ratios log(0.4/0.15), log(0.5/0.3), log(0.3/0.15): the +- is
+    # twice their standard error.
+    logs = [math.log(0.4 / 0.15), math.log(0.5 / 0.3), math.log(0.3 / 0.15)]
+    uncertainty = math.expm1(2 * statistics.stdev(logs) / math.sqrt(3))
+    assert ("- topk: within 3%% of the better sentinel: met (100.0%% faster, +-%.1f%% over the "
+            "rounds)" % (100 * uncertainty)) in text
     assert "- best scaling factor: 1.60 (topk searched)" in text
+
+
+def test_turn_means_and_how_far_the_rounds_agree_on_a_ratio():
+    assert cluster.turn_means([1.0, 2.0, 3.0, 5.0], 2) == [1.5, 4.0]
+    assert cluster.turn_means([1.0, 2.0, 3.0], 2) == []  # turns of unequal length
+    assert cluster.turn_means([1.0], 0) == []
+    steady = {"turn_step_s": [0.2, 0.3, 0.25]}
+    twice_as_fast = {"turn_step_s": [0.1, 0.15, 0.125]}
+    assert cluster.paired_uncertainty(twice_as_fast, steady) == pytest.approx(0.0)
+    noisy = {"turn_step_s": [0.1, 0.2, 0.125, 0.1]}
+    logs = [math.log(0.2 / 0.1), math.log(0.3 / 0.2), math.log(0.25 / 0.125)]
+    assert cluster.paired_uncertainty(noisy, steady) == pytest.approx(
+        math.expm1(2 * statistics.stdev(logs) / math.sqrt(3)))
+    assert cluster.paired_uncertainty({"turn_step_s": [0.1, 0.2]}, steady) is None
+    assert cluster.paired_uncertainty({}, steady) is None
+
+
+def test_each_rank_keeps_to_its_own_cores():
+    from tf_mergecomp.bench import worker
+
+    assert worker.own_cores(0, 2, {1, 0}) == [0] and worker.own_cores(1, 2, [0, 1]) == [1]
+    assert worker.own_cores(1, 2, [0, 1, 2, 3]) == [2, 3]
+    assert worker.own_cores(0, 1, [0, 1]) == [0, 1]
+    assert worker.own_cores(3, 4, [0, 1]) == [1]  # more ranks than cores: shared
+    assert worker.pin_to_own_cores({}) is None
+    assert worker.pin_to_own_cores({worker.PIN_CORES_VARIABLE: "0"}) is None
+    # In a process of its own, with a thread started before the pinning.
+    script = (
+        "import os, threading\n"
+        "from tf_mergecomp.bench import worker\n"
+        "event = threading.Event(); thread = threading.Thread(target=event.wait); thread.start()\n"
+        "cores = worker.pin_to_own_cores()\n"
+        "print(cores, sorted({tuple(sorted(os.sched_getaffinity(int(t))))\n"
+        "                     for t in os.listdir('/proc/self/task')}))\n"
+        "event.set()\n")
+    env = dict(os.environ, HOROVOD_RANK="1", HOROVOD_SIZE="2", **{worker.PIN_CORES_VARIABLE: "1"})
+    output = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=120, check=True).stdout.split()
+    expected = worker.own_cores(1, 2, os.sched_getaffinity(0))
+    assert " ".join(output) == "%s [%s]" % (expected, tuple(expected))
 
 
 def test_batch_noise_and_peak_rss_reach_the_ratios():

@@ -135,6 +135,10 @@ def build_parser():
                       help="direct: the benchmark starts each rank in its namespace (default); "
                            "horovodrun: an ssh server per namespace and the real "
                            "'horovodrun -H ns0:1,ns1:1,...' over ssh (needs openssh-server)")
+    clus.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+                      help="each rank keeps to its own share of this machine's cores, as on "
+                           "machines of their own (default; --no-pin-cores: the scheduler "
+                           "places every rank's threads)")
     clus.add_argument("--isolate", action="store_true",
                       help="every config in fresh rank processes of its own, none timed after "
                            "another in the same processes (slower; steadier where the order "

@@ -41,8 +41,12 @@ merged group timed after it runs 20-50% slower than alone
 (docs/scaling.md, "Timed alone, not interleaved"); the rounds' rotation
 spreads that but cannot remove it.
 
-Throughput = W x batch / median over measured steps of the slowest rank's
-step time. Exchange time = median over the rounds' calls of the slowest
+Throughput = W x batch / mean over measured steps of the slowest rank's
+step time: the training throughput of those steps. (A median is no summary of
+steps that alternate between two speeds for tens of steps at a time, as 2
+ranks on 2 cores can: it lands on either speed; docs/benchmarks.md, section 6.)
+Each searched-vs-sentinel ratio of the targets comes with how far the rounds
+agree on it: two standard errors of the per-round ratio. Exchange time = median over the rounds' calls of the slowest
 rank's time for the gradient exchange alone (worker.py: the optimizer's
 allreduce function on fixed tensors of the model's gradient shapes, no
 backprop): the communication and compression cost that the grouping changes,
@@ -63,7 +67,7 @@ import os
 import time
 
 from tf_mergecomp import step_model
-from tf_mergecomp.bench import launcher, models, netns, report, sshd
+from tf_mergecomp.bench import launcher, models, netns, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
 LAUNCHERS = launcher.LAUNCHERS
@@ -94,11 +98,13 @@ def cpu_allocator_environment(allocator):
     return {"TF_CPU_ALLOCATOR_USE_BFC": "true" if allocator == "bfc" else "false"}
 
 
-def rank_environment(allocator):
-    """Environment added to every rank: the CPU allocator and a response cache
+def rank_environment(allocator, pin_cores=True):
+    """Environment added to every rank: the CPU allocator, a response cache
     large enough for a batch's configs, so that no config's collectives are
-    evicted (and renegotiated) by the others' in the interleaved rounds."""
-    return dict(cpu_allocator_environment(allocator), HOROVOD_CACHE_CAPACITY="4096")
+    evicted (and renegotiated) by the others' in the interleaved rounds, and
+    whether each rank keeps to cores of its own (``worker.pin_to_own_cores``)."""
+    return dict(cpu_allocator_environment(allocator), HOROVOD_CACHE_CAPACITY="4096",
+                **{worker.PIN_CORES_VARIABLE: "1" if pin_cores else "0"})
 
 
 def plan_configs(algorithms, modes=PARTITION_MODES):
@@ -223,7 +229,7 @@ def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
     try:
         launch(["-m", "tf_mergecomp.bench.worker", spec_path], os.path.join(run_dir, "logs"),
                spec["timeout_s"], log_prefix=name + "_rank",
-               extra_env=rank_environment(args.cpu_allocator))
+               extra_env=rank_environment(args.cpu_allocator, args.pin_cores))
     except launcher.RankFailure as failure:
         error = str(failure)
     outputs = []
@@ -306,7 +312,9 @@ def _summarize_config(label, results, model, workers, batch_size):
         return row
     # Step i ends when the slowest rank finishes it.
     slowest = [max(steps) for steps in zip(*(r["step_times_s"] for r in results))]
-    row["step_s"] = report.median(slowest)
+    row["step_s"] = sum(slowest) / len(slowest)
+    row["step_s_median"] = report.median(slowest)
+    row["turn_step_s"] = turn_means(slowest, len(results[0].get("switch_steps_s", [])))
     row["steps"] = len(slowest)
     row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
     row["first_steps_s"] = max(r["first_steps_s"] for r in results)
@@ -324,6 +332,29 @@ def _summarize_config(label, results, model, workers, batch_size):
     if batch_size:
         row["images_per_s"] = workers * batch_size / row["step_s"]
     return row
+
+
+def turn_means(steps, turns):
+    """Mean step time of each of ``turns`` equal turns (one per round) of ``steps``
+    ([] when they do not divide evenly)."""
+    if not turns or len(steps) % turns:
+        return []
+    size = len(steps) // turns
+    return [sum(steps[i:i + size]) / size for i in range(0, len(steps), size)]
+
+
+def paired_uncertainty(row, other):
+    """How far the throughput ratio of ``row`` over ``other`` is known: two
+    standard errors of the mean over the rounds of log(other's turn time / row's
+    turn time in the same round), as a fraction; None with fewer than 3 rounds."""
+    pairs = [(a, b) for a, b in zip(row.get("turn_step_s", []), other.get("turn_step_s", []))
+             if a > 0 and b > 0]
+    if len(pairs) < 3:
+        return None
+    logs = [math.log(b / a) for a, b in pairs]
+    mean = sum(logs) / len(logs)
+    deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    return math.expm1(2 * deviation / math.sqrt(len(logs)))
 
 
 def search_note(result, row):
@@ -407,17 +438,19 @@ def target_lines(group, single_images_per_s, model=None):
             lines.append("%s: MergeComp not measured" % algorithm)
             continue
         verdicts = []
-        sentinels = [v for v in (layerwise.get("images_per_s"), one.get("images_per_s")) if v]
+        sentinels = [r for r in (layerwise, one) if r.get("images_per_s")]
         if sentinels:
-            relative = searched["images_per_s"] / max(sentinels)
-            verdicts.append("within 3%% of the better sentinel: %s (%s)" % (
-                _verdict(relative, SENTINEL_MARGIN), "%.1f%% %s" % (
-                    100 * abs(1 - relative), "slower" if relative < 1 else "faster")))
+            better = max(sentinels, key=lambda r: r["images_per_s"])
+            relative = searched["images_per_s"] / better["images_per_s"]
+            verdicts.append("within 3%% of the better sentinel: %s (%.1f%% %s%s)" % (
+                _verdict(relative, SENTINEL_MARGIN), 100 * abs(1 - relative),
+                "slower" if relative < 1 else "faster",
+                _uncertainty_text(paired_uncertainty(searched, better))))
         if model == "transformer" and algorithm in TRANSFORMER_SPEEDUP:
             speedup = report.ratio(searched["images_per_s"], layerwise.get("images_per_s"))
-            verdicts.append("searched >= %sx layer-wise: %s (%sx)" % (
+            verdicts.append("searched >= %sx layer-wise: %s (%sx%s)" % (
                 TRANSFORMER_SPEEDUP[algorithm], _verdict(speedup, TRANSFORMER_SPEEDUP[algorithm]),
-                report.fmt(speedup)))
+                report.fmt(speedup), _uncertainty_text(paired_uncertainty(searched, layerwise))))
         lines.append("%s: %s; %s" % (algorithm, "; ".join(verdicts), _noise_text(searched)))
     codecs = [r for r in rows if r["config"]["kind"] == "mergecomp" and r.get("images_per_s")]
     horovod = {r["config"].get("compression"): r for r in rows
@@ -453,6 +486,10 @@ def _algorithms(rows):
         if algorithm and algorithm not in algorithms:
             algorithms.append(algorithm)
     return algorithms
+
+
+def _uncertainty_text(uncertainty):
+    return "" if uncertainty is None else ", +-%.1f%% over the rounds" % (100 * uncertainty)
 
 
 def _noise_text(row):
@@ -555,7 +592,7 @@ def tables(summary):
             ])
         parts.append(report.markdown_table(
             ["config", "images/s", "scaling factor", "vs local compute", "speedup vs layer-wise",
-             "partition", "step s (median)", "exchange ms (median)",
+             "partition", "step s (mean)", "exchange ms (median)",
              "exchange speedup vs layer-wise", "batch noise: images/s / exchange",
              "CPU util/rank", "peak RSS MB/rank", "notes"], rows))
         parts.append("")
@@ -643,6 +680,7 @@ def run(args):
                # The ranks inherit HOROVOD_CYCLE_TIME: validate simulates that cycle.
                "horovod_cycle_time_s": step_model.horovod_cycle_s(),
                "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
+               "pin_cores": args.pin_cores,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     try:

@@ -75,7 +75,48 @@ FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
 SEARCH_ON = ("training", "exchange")
 
 
+# Set (to "1") by the cluster benchmark: each rank keeps to its own cores.
+PIN_CORES_VARIABLE = "MERGECOMP_BENCH_PIN_CORES"
+
+
+def own_cores(rank, size, cores):
+    """Rank ``rank`` of ``size``'s share of ``cores`` (sorted ids): an equal
+    contiguous share, or one core shared with others when there are more ranks
+    than cores."""
+    cores = sorted(cores)
+    first, end = rank * len(cores) // size, (rank + 1) * len(cores) // size
+    return cores[first:max(end, first + 1)]
+
+
+def pin_to_own_cores(environ=os.environ):
+    """With ``PIN_CORES_VARIABLE`` set to "1", keeps this process (its threads
+    and those it starts later) on its rank's share of the cores; returns
+    those cores, or None when not asked to pin.
+
+    The virtual cluster's ranks stand for machines: each computes on cores of
+    its own. Left to the scheduler, 2 ranks' threads (TensorFlow's, Horovod's
+    background thread, Gloo's) move across 2 cores and a transformer's 25 ms
+    steps alternate, for tens of steps at a time, between two speeds 2x apart;
+    pinned they ran 15-30% faster and steadier (docs/benchmarks.md, section 6).
+    """
+    if environ.get(PIN_CORES_VARIABLE) != "1":
+        return None
+    rank, size = int(environ["HOROVOD_RANK"]), int(environ["HOROVOD_SIZE"])
+    cores = own_cores(rank, size, os.sched_getaffinity(0))
+    # Every thread already running too (importing TensorFlow starts some); the
+    # ones started later inherit the calling thread's cores.
+    for thread_id in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(thread_id), cores)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+    return cores
+
+
 def _configure_threads():
+    """The rank's cores (``pin_to_own_cores``, before TensorFlow starts any
+    thread) and TensorFlow's thread counts."""
+    pin_to_own_cores()
     import tensorflow as tf
 
     threads = int(os.environ.get("MERGECOMP_BENCH_TF_THREADS", "1"))
@@ -518,6 +559,7 @@ def main(argv=None):
         "gradient_tensors": len(reference.trainable_variables),
         "rounds": spec["rounds"],
         "steps_per_round": spec["steps_per_round"],
+        "cores": sorted(os.sched_getaffinity(0)),
         "results": [],
     }
 
