@@ -205,7 +205,8 @@ def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():
     assert steps_per_turn(0.020, 3, 0.0) == 3  # off
     assert steps_per_turn(0.250, 3, 0.2) == 3  # 3 steps already last 0.75 s
     assert steps_per_turn(0.040, 3, 0.2) == 5  # ceil(0.2 / 0.04)
-    assert steps_per_turn(0.021, 3, 0.2) == 9  # ceil(9.5) = 10, bounded
+    assert steps_per_turn(0.021, 3, 0.2) == 10  # ceil(9.5)
+    assert steps_per_turn(0.005, 3, 0.5) == 30  # ceil(100), bounded
     assert steps_per_turn(0.001, 2, 0.2) == MAX_TURN_FACTOR * 2
     assert steps_per_turn(float("nan"), 3, 0.2) == 3  # no profiled step time
 

@@ -120,14 +120,13 @@ class Warm:
 
 
 class Time:
-    """Request: one confirm round of ``splits``; ``first`` when it has not
-    trained yet (its train step is traced for it)."""
+    """Request: one confirm round of ``splits`` (trained, and so traced, in the
+    ``Warm`` before the first round)."""
 
     kind = "time"
 
-    def __init__(self, splits, first):
+    def __init__(self, splits):
         self.splits = tuple(splits)
-        self.first = first
 
     def __repr__(self):
         return "Time(%r)" % (self.splits,)
@@ -363,13 +362,11 @@ class PartitionSearchAlgorithm:
         self.candidates = list(self.sentinels) + list(self.finalist_layouts)
         active = list(self.candidates)
         yield Warm(active)
-        started = set(active)
         for round_index in range(self.rounds):
             measured = {}
             self.rounds_measured.append(measured)
             for layout in _rotated(active, round_index):
-                seconds = yield Time(layout, first=layout not in started)
-                started.add(layout)
+                seconds = yield Time(layout)
                 if not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
                     raise ValueError("a confirm turn must answer positive, finite seconds per "
                                      "step, got %r for %r" % (seconds, layout))

@@ -115,9 +115,9 @@ def build_parser():
                            "fit when done; default 300)")
     clus.add_argument("--search-max-groups", type=int, default=4,
                       help="most groups of the search's predicted candidates (default 4)")
-    clus.add_argument("--search-min-turn-ms", type=float, default=200.0,
+    clus.add_argument("--search-min-turn-ms", type=float, default=500.0,
                       help="the least a confirm turn of the search lasts: more than 3 timed "
-                           "steps where those are shorter (at most 9; default 200 ms, 0: 3 steps)")
+                           "steps where those are shorter (at most 30; default 500 ms, 0: 3 steps)")
     clus.add_argument("--search-on", choices=("training", "exchange"), default="training",
                       help="search during training (profiled steps and probes predict the "
                            "candidates, training steps confirm the best few: a few re-traces) "

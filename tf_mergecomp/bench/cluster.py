@@ -44,12 +44,13 @@ spreads that but cannot remove it.
 Throughput = W x batch / mean over measured steps of the slowest rank's
 step time: the training throughput of those steps. (A median is no summary of
 steps that alternate between two speeds for tens of steps at a time, as 2
-ranks on 2 cores can: it lands on either speed; docs/benchmarks.md, section 6.)
-Each searched-vs-sentinel ratio of the targets comes with how far the rounds
-agree on it: two standard errors of the per-round ratio. Exchange time = median over the rounds' calls of the slowest
-rank's time for the gradient exchange alone (worker.py: the optimizer's
-allreduce function on fixed tensors of the model's gradient shapes, no
-backprop): the communication and compression cost that the grouping changes,
+ranks on 2 cores can: it lands on either speed; docs/benchmarks.md, "Two
+speeds on two cores".) Each searched-vs-sentinel ratio of the targets comes
+with how far the rounds agree on it: two standard errors of the per-round
+ratio. Exchange time = median over the rounds' calls of the slowest rank's
+time for the gradient exchange alone (worker.py: the optimizer's allreduce
+function on fixed tensors of the model's gradient shapes, no backprop): the
+communication and compression cost that the grouping changes,
 which backprop on a CPU mostly hides.
 
 Scaling factor = W-worker throughput / (W x 1-worker fp32

@@ -97,7 +97,8 @@ def pin_to_own_cores(environ=os.environ):
     its own. Left to the scheduler, 2 ranks' threads (TensorFlow's, Horovod's
     background thread, Gloo's) move across 2 cores and a transformer's 25 ms
     steps alternate, for tens of steps at a time, between two speeds 2x apart;
-    pinned they ran 15-30% faster and steadier (docs/benchmarks.md, section 6).
+    pinned they ran 15-30% faster and steadier (docs/benchmarks.md, "Two
+    speeds on two cores").
     """
     if environ.get(PIN_CORES_VARIABLE) != "1":
         return None
