@@ -115,8 +115,8 @@ def pin_to_own_cores(environ=os.environ):
 
 
 def _configure_threads():
-    """The rank's cores (``pin_to_own_cores``, before TensorFlow starts any
-    thread) and TensorFlow's thread counts."""
+    """The rank's cores (``pin_to_own_cores``, before TensorFlow starts its
+    thread pools) and TensorFlow's thread counts."""
     pin_to_own_cores()
     import tensorflow as tf
 
