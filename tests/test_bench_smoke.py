@@ -589,6 +589,12 @@ def test_the_search_note_gives_the_confirm_medians_and_the_paired_ratio():
     assert note == ("search on training: 5 traces, 90 steps, 42 s (interleaved medians: chosen "
                     "490.0 ms, one group 500.0 ms, layer-wise 600.0 ms, chosen/one group in the "
                     "same rounds 0.970)")
+    # A leader whose gain the extra rounds did not resolve: one group kept, and said so.
+    summary.update(choice=[], leader=[2], extra_rounds=4)
+    note = cluster.search_note({"search_on": "training"}, row)
+    assert note.endswith("chosen 500.0 ms, one group 500.0 ms, layer-wise 600.0 ms), 4 extra "
+                         "rounds on the leader, leader 2 groups unresolved (0.970 of one group): "
+                         "one group kept")
 
 
 def test_an_algorithms_configs_train_one_model_each_in_its_partition(tmp_path):

@@ -19,6 +19,7 @@ from tests import horovodrun
 CODEC = "efsignsgd"
 FINALISTS = 2  # tests/workers/search_callback.py's SEARCH
 ROUNDS = 3
+RESOLVE_ROUNDS = 2
 
 
 def _check_ranks_agree_and_train(r0, r1):
@@ -41,23 +42,36 @@ def _check_search(r):
     assert () in candidates and tuple(range(1, n)) in candidates
     assert candidates[()][3] == "one group" and candidates[tuple(range(1, n))][3] == "layer-wise"
     assert 3 <= len(candidates) <= 2 + FINALISTS
+    leader, extra = tuple(r["leader"]), r["extra_rounds"]
+    assert 0 <= extra <= RESOLVE_ROUNDS and (extra == 0 or leader != ())
     for splits, (rounds, collectives, groups, _) in candidates.items():
         assert groups == len(splits) + 1
         assert collectives == groups * r["collectives_per_group"]
-        assert 1 <= len(rounds) <= ROUNDS and all(s > 0 for s in rounds)
+        # Only the leader and one group are timed in the extra rounds.
+        most = ROUNDS + (extra if splits in (leader, ()) else 0)
+        assert 1 <= len(rounds) <= most and all(s > 0 for s in rounds)
     # One group is timed in every round, and each candidate judged by its median ratio to one
-    # group in the same rounds (a dropped candidate's rounds are the first ones): so the choice
+    # group in the same rounds (a dropped candidate's rounds are the first ones): so the leader
     # is never measured slower than one group side by side, nor than layer-wise.
     reference = candidates[()][0]
     assert len(reference) == max(len(rounds) for rounds, _, _, _ in candidates.values())
-    ratios = {splits: float(np.median([t / reference[i] for i, t in enumerate(rounds)]))
-              for splits, (rounds, _, _, _) in candidates.items()}
+    planned = {splits: [t / reference[i] for i, t in enumerate(rounds[:ROUNDS])]
+               for splits, (rounds, _, _, _) in candidates.items()}
+    ratios = {splits: float(np.median(values)) for splits, values in planned.items()}
+    assert leader == min(ratios, key=lambda s: (ratios[s], len(s)))
+    assert ratios[leader] <= min(1.0, ratios[tuple(range(1, n))])
+    # The leader replaces one group only if its gain over all its rounds exceeds two
+    # standard errors of the mean log ratio.
     choice = tuple(r["choice"])
-    assert choice == min(ratios, key=lambda s: (ratios[s], len(s)))
-    assert ratios[choice] <= min(1.0, ratios[tuple(range(1, n))])
+    if leader == ():
+        assert choice == ()
+    else:
+        logs = np.log([t / reference[i] for i, t in enumerate(candidates[leader][0])])
+        resolved = logs.mean() + 2 * logs.std(ddof=1) / np.sqrt(len(logs)) < 0
+        assert choice == (leader if resolved else ())
     # What it cost: one trace per candidate (the profile's trains one group).
     assert r["cost"]["traces"] == len(candidates)
-    assert r["cost"]["steps"] <= 100
+    assert r["cost"]["steps"] <= 100 + RESOLVE_ROUNDS * 2 * (1 + 2)
     assert r["cost"]["seconds"] > 0
     # Horovod restarted before every turn of a candidate (the untimed one each
     # trains before the rounds, then the timed ones) and once more for the

@@ -38,9 +38,18 @@ Confirm (real training steps)
      the round's turns share, where medians of absolute times from different
      rounds would not. A candidate whose best ratio is above the leader's
      worst (from the second round on) is dropped; the reference never is.
-     The result is the candidate still timed in the last round with the
-     lowest median ratio: never one measured slower than one group side by
-     side, nor than layer-wise, nor one that lost to the leader.
+     The leader is the candidate still timed in the last round with the
+     lowest median ratio.
+  5. Resolve: the leader replaces one group only if the rounds resolve its
+     gain: the mean of its per-round log ratios to one group, plus
+     ``standard_errors`` standard errors of that mean, is below zero. While
+     it is not, up to ``resolve_rounds`` more rounds time the leader and one
+     group alone; if it still is not, one group is kept. A gain smaller than
+     the rounds' own spread is no gain the search can see: four rounds of
+     ratios 0.85, 1.15, 1.02, 0.88 once chose three groups that then trained
+     slower than one. So the result is never measured slower than one
+     group side by side, nor than layer-wise, nor one that lost to the
+     leader, nor a gain the rounds cannot tell from noise.
 
 The algorithm is framework-free and driven by requests: ``start()`` returns
 the first request, ``answer(value)`` the next (None when done).
@@ -158,10 +167,15 @@ class PartitionSearchAlgorithm:
         at most this many, else search a grid and refine.
       refinements: how many times the finalists' groups are probed and the
         prediction repeated.
+      resolve_rounds: the most extra rounds (the leader and one group only)
+        while the leader's gain over one group is unresolved.
+      standard_errors: how many standard errors of the mean per-round log
+        ratio a leader's gain over one group must exceed.
     """
 
     def __init__(self, sizes, max_groups=4, finalists=3, rounds=4, codec_on_compute=True,
-                 decodes_after_backprop=False, exhaustive_limit=20_000, refinements=2):
+                 decodes_after_backprop=False, exhaustive_limit=20_000, refinements=2,
+                 resolve_rounds=4, standard_errors=2.0):
         sizes = list(sizes)
         if not sizes:
             raise ValueError("sizes must list at least one tensor size")
@@ -173,6 +187,11 @@ class PartitionSearchAlgorithm:
         _check_int("rounds", rounds, 1)
         _check_int("exhaustive_limit", exhaustive_limit, 1)
         _check_int("refinements", refinements, 0)
+        _check_int("resolve_rounds", resolve_rounds, 0)
+        if isinstance(standard_errors, bool) or not isinstance(standard_errors, numbers.Real) \
+                or not 0 <= standard_errors < math.inf:
+            raise ValueError("standard_errors must be a finite number >= 0, got %r"
+                             % (standard_errors,))
         self.sizes = sizes
         self.num_tensors = len(sizes)
         self.max_groups = min(max_groups, self.num_tensors)
@@ -182,6 +201,8 @@ class PartitionSearchAlgorithm:
         self.decodes_after_backprop = bool(decodes_after_backprop)
         self.exhaustive_limit = exhaustive_limit
         self.refinements = refinements
+        self.resolve_rounds = resolve_rounds
+        self.standard_errors = float(standard_errors)
 
         self.phase = None  # "explore", "confirm", "done"
         self.profile = None  # ProfileResult of one group
@@ -193,6 +214,8 @@ class PartitionSearchAlgorithm:
         self.candidates = []  # confirmed layouts: sentinels first
         self.rounds_measured = []  # per round: {layout: seconds}
         self.dropped = {}  # layout -> round after which it was dropped
+        self.leader = None  # the fastest candidate of the confirm rounds
+        self.extra_rounds = 0  # rounds run to resolve the leader's gain
         self.choice = None
         self.notes = []
         self._plan = None
@@ -249,6 +272,26 @@ class PartitionSearchAlgorithm:
             for layout, ratio in _relative_to_reference(measured).items():
                 values.setdefault(layout, []).append(ratio)
         return {layout: float(np.median(v)) for layout, v in values.items()}
+
+    def gain_over_reference(self, layout):
+        """(log ratio, half width) of ``layout``'s time to one group's: the mean of
+        its per-round log ratios and ``standard_errors`` standard errors of that
+        mean (infinite from fewer than two rounds). Resolved faster than one
+        group when their sum is below zero."""
+        logs = np.log(self.relative_rounds_of(layout))
+        if len(logs) == 0:
+            return 0.0, math.inf
+        if len(logs) < 2:
+            return float(logs[0]), math.inf
+        spread = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
+        return float(np.mean(logs)), self.standard_errors * spread
+
+    def resolved_choice(self, layout):
+        """``layout`` if its gain over one group is resolved, else one group."""
+        if layout == REFERENCE:
+            return REFERENCE
+        mean, half_width = self.gain_over_reference(layout)
+        return layout if mean + half_width < 0 else REFERENCE
 
     def rounds_of(self, layout):
         return [measured[layout] for measured in self.rounds_measured if layout in measured]
@@ -363,14 +406,7 @@ class PartitionSearchAlgorithm:
         active = list(self.candidates)
         yield Warm(active)
         for round_index in range(self.rounds):
-            measured = {}
-            self.rounds_measured.append(measured)
-            for layout in _rotated(active, round_index):
-                seconds = yield Time(layout)
-                if not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
-                    raise ValueError("a confirm turn must answer positive, finite seconds per "
-                                     "step, got %r for %r" % (seconds, layout))
-                measured[layout] = float(seconds)
+            yield from self._time_round(active, round_index)
             if round_index >= 1 and round_index + 1 < self.rounds:
                 active = self._drop_clear_losers(active, round_index)
                 if active == [REFERENCE]:
@@ -381,7 +417,34 @@ class PartitionSearchAlgorithm:
         # slow, so the 3-group candidate dropped after them kept a median of
         # 0.73 of one group, the leader it lost to came to 0.83 over 4 rounds).
         estimates = self.relative_seconds()
-        self.choice = min(active, key=lambda l: (estimates[l], len(l)))
+        self.leader = min(active, key=lambda l: (estimates[l], len(l)))
+        while (self.leader != REFERENCE and self.extra_rounds < self.resolve_rounds
+               and self._unresolved(self.leader)):
+            yield from self._time_round([REFERENCE, self.leader], len(self.rounds_measured))
+            self.extra_rounds += 1
+        self.choice = self.resolved_choice(self.leader)
+        if self.choice != self.leader:
+            mean, half_width = self.gain_over_reference(self.leader)
+            self.notes.append(
+                "the leader %r measured %.3fx one group's step (+-%.1f%% over %d rounds): "
+                "not resolved, one group kept" % (
+                    self.leader, math.exp(mean), 100 * (math.exp(half_width) - 1),
+                    len(self.relative_rounds_of(self.leader))))
+
+    def _time_round(self, layouts, round_index):
+        measured = {}
+        self.rounds_measured.append(measured)
+        for layout in _rotated(layouts, round_index):
+            seconds = yield Time(layout)
+            if not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
+                raise ValueError("a confirm turn must answer positive, finite seconds per "
+                                 "step, got %r for %r" % (seconds, layout))
+            measured[layout] = float(seconds)
+
+    def _unresolved(self, layout):
+        """Neither resolved faster nor resolved slower than one group."""
+        mean, half_width = self.gain_over_reference(layout)
+        return abs(mean) <= half_width
 
     def _drop_clear_losers(self, active, round_index):
         estimates = self.relative_seconds()
@@ -412,6 +475,9 @@ class PartitionSearchAlgorithm:
 
         return {
             "choice": None if self.choice is None else list(self.choice),
+            "leader": None if self.leader is None else list(self.leader),
+            "extra_rounds": self.extra_rounds,
+            "standard_errors": self.standard_errors,
             "candidates": [entry(layout) for layout in self.candidates],
             "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s}
                             for l, s in sorted(self.predictions.items(), key=lambda x: x[1])],

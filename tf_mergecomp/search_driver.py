@@ -47,7 +47,10 @@ So the train step is traced at most 2 + finalists times (5 by default: the
 first trace of a Keras train function also creates the optimizer's variables,
 for which TensorFlow traces it twice), and a search takes about
 1 + 2 + 4 + 4 + (5 + 4 x 2) + 4 x 5 x (1 + 3) = 104 steps, fewer when clear losers are
-dropped after the second round (one group never is). The decision (and every answer) is averaged
+dropped after the second round (one group never is), up to 4 x 2 x (1 + 3) = 32 more
+when the leader's gain over one group is not resolved after the rounds (then
+extra rounds time the two alone; one group is kept if they do not resolve
+it). The decision (and every answer) is averaged
 over the workers, so all workers take the same path. Rank 0 logs each phase
 and, at the end, the choice next to the sentinels and what the search cost
 (traces, steps, seconds).
@@ -250,15 +253,18 @@ class PartitionSearchDriver:
 
     def finish(self):
         """Ends a search early (e.g. training ends first): keeps the fastest
-        candidate measured so far (one group if none was), and saves nothing."""
+        candidate of the confirm rounds so far if its gain over one group is
+        resolved, else one group, and saves nothing."""
         if self._phase in ("first_step", "done"):
             return
         if self._profiler is not None:
             self._profiler.stop([])
-        measured = {}
+        choice = ()
         if self.algorithm is not None:
-            measured = self.algorithm.relative_seconds() or self.algorithm.measured_seconds()
-        choice = min(measured, key=lambda l: (measured[l], len(l))) if measured else ()
+            relative = self.algorithm.relative_seconds()
+            if relative:
+                fastest = min(relative, key=lambda l: (relative[l], len(l)))
+                choice = self.algorithm.resolved_choice(fastest)
         self._log("search stopped early after %d steps: keeping %s" % (
             self.cost["steps"], _describe(choice)))
         self._conclude(choice, save=False)
@@ -442,7 +448,12 @@ class PartitionSearchDriver:
         while self._rounds_logged < finished:
             measured = rounds[self._rounds_logged]
             self._rounds_logged += 1
-            self._log("round %d of %d: %s" % (self._rounds_logged, self.rounds, ", ".join(
+            if self._rounds_logged <= self.rounds:
+                title = "round %d of %d" % (self._rounds_logged, self.rounds)
+            else:
+                title = "round %d (extra, the leader's gain over one group unresolved)" % (
+                    self._rounds_logged)
+            self._log("%s: %s" % (title, ", ".join(
                 "%s %.2f ms%s" % (_short(layout, self.compression.num_tensors), 1e3 * seconds,
                                   " (predicted %.2f)" % (1e3 * self.algorithm.predictions[layout])
                                   if layout in self.algorithm.predictions else "")
@@ -507,6 +518,8 @@ class PartitionSearchDriver:
                       relative.get(choice, float("nan")),
                       ", ".join(sentinels), len(self.algorithm.rounds_measured),
                       self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
+        for note in self.algorithm.notes:
+            self._log(note)
         self._tensorboard(choice)
         if save and self.save_path is not None:
             self._save(choice)
@@ -823,7 +836,7 @@ def _unwritable_reason(path):
     return None
 
 
-_ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements"}
+_ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
 # Where min_turn_seconds asks for more steps per turn, at most this many times
 # steps_per_candidate: on 25 ms steps, 20-step turns are what brings the
 # turn-to-turn spread down (docs/benchmarks.md, "Two speeds on two cores").

@@ -29,7 +29,7 @@ from tf_mergecomp.search_driver import PartitionSearchDriver
 
 # Small enough to finish inside the short fits below (about 60 steps).
 SEARCH = dict(steps_per_candidate=2, max_groups=3, finalists=2, rounds=3, warmup_steps=1,
-              profiled_steps=3)
+              profiled_steps=3, resolve_rounds=2)
 EPOCHS = 6
 
 
@@ -113,6 +113,8 @@ def report_run(model, mc, search, losses):
         collectives_per_group=mc.compressor.collectives_per_group(),
         cost=search.cost, steps_seen=search.steps_seen, plot_path=search.plot_path,
         choice=None if search.algorithm is None else list(search.algorithm.choice),
+        leader=None if search.algorithm is None else list(search.algorithm.leader),
+        extra_rounds=None if search.algorithm is None else search.algorithm.extra_rounds,
         losses=losses, checksum=weights_checksum(model), tensors=mc.num_tensors,
     )
 

@@ -110,9 +110,10 @@ def build_parser():
     clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
     clus.add_argument("--warmup-steps", type=int, default=5,
                       help="unmeasured steps per config (tracing, then Horovod and allocator warm-up)")
-    clus.add_argument("--search-steps", type=int, default=300,
+    clus.add_argument("--search-steps", type=int, default=800,
                       help="the most steps the partition search may use (it ends the search "
-                           "fit when done; default 300)")
+                           "fit when done; default 800: 500 ms turns of 25 ms steps and the "
+                           "extra rounds that resolve the leader take about 650)")
     clus.add_argument("--search-max-groups", type=int, default=4,
                       help="most groups of the search's predicted candidates (default 4)")
     clus.add_argument("--search-min-turn-ms", type=float, default=500.0,

@@ -65,6 +65,7 @@ after each run is recorded: other processes on the machine skew the numbers.
 import json
 import math
 import os
+import statistics
 import time
 
 from tf_mergecomp import step_model
@@ -353,9 +354,7 @@ def paired_uncertainty(row, other):
     if len(pairs) < 3:
         return None
     logs = [math.log(b / a) for a, b in pairs]
-    mean = sum(logs) / len(logs)
-    deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    return math.expm1(2 * deviation / math.sqrt(len(logs)))
+    return math.expm1(2 * statistics.stdev(logs) / math.sqrt(len(logs)))
 
 
 def search_note(result, row):
@@ -377,6 +376,13 @@ def search_note(result, row):
                      % candidates[choice]["relative_to_one_group"])
     if parts:
         note += " (interleaved medians: %s)" % ", ".join(parts)
+    if summary.get("extra_rounds"):
+        note += ", %d extra rounds on the leader" % summary["extra_rounds"]
+    leader = summary.get("leader")
+    if leader is not None and tuple(leader) != choice:
+        note += ", leader %d groups unresolved (%.3f of one group): one group kept" % (
+            len(leader) + 1, candidates.get(tuple(leader), {}).get("relative_to_one_group")
+            or float("nan"))
     if not row.get("search_finished"):
         note += ", stopped at the step budget (best so far kept)"
     return note
