@@ -93,6 +93,8 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     saved = json.loads(path.read_text())
     assert saved["world_size"] == 2
     assert saved["compression"]["compressor"] == CODEC
+    assert saved["settings"]["resolve_rounds"] == RESOLVE_ROUNDS
+    assert saved["settings"]["standard_errors"] == 2.0
     assert saved["cost"]["traces"] <= 2 + FINALISTS
 
     assert second["candidates"] == []

@@ -10,7 +10,7 @@ import pytest
 
 from tf_mergecomp import step_model
 from tf_mergecomp.bench import profile as profile_module
-from tf_mergecomp.bench import simulate
+from tf_mergecomp.bench import simulate, worker
 from tf_mergecomp.bench.__main__ import main
 from tf_mergecomp.step_model import (FusedGroupCosts, LinearGroupCosts, NetworkCosts,
                                      NetworkGroupCosts, StepTimeModel, WireBytes,
@@ -365,6 +365,9 @@ def test_profile_arguments(capsys):
     args = build_parser().parse_args(["profile", "--model", "resnet50", "--quick",
                                       "--processes", "2"])
     assert (args.model, args.quick, args.processes, args.codecs) == ("resnet50", True, 2, None)
+    assert args.pin_cores
+    assert not build_parser().parse_args(["profile", "--model", "resnet50",
+                                          "--no-pin-cores"]).pin_cores
     for model in ("MobileNetV2", "my_models.small:build"):
         assert build_parser().parse_args(["profile", "--model", model]).model == model
     for bad in ("lenet", "module:", "module:not an identifier"):
@@ -392,6 +395,10 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     profile = profile_module.load(str(out))
     assert profile["model"] == "tests.workers.tiny_model:build"
     assert profile["horovod"]["probe_workers"] == 2
+    # each rank on its own share of the cores, as the cluster benchmark's ranks
+    cores = sorted(os.sched_getaffinity(0))
+    assert profile["host"]["pin_cores"] is True
+    assert profile["host"]["rank_cores"] == [worker.own_cores(rank, 2, cores) for rank in (0, 1)]
     assert profile["tensors"]["sizes"] == [3, 48, 16, 256, 16, 192]  # backprop order
     assert profile["codecs"]["efsignsgd"]["collective_op"] == "allgather"
     # a real 2-rank collective costs this host something (how the fit splits it between

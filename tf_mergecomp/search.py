@@ -426,10 +426,15 @@ class PartitionSearchAlgorithm:
         if self.choice != self.leader:
             mean, half_width = self.gain_over_reference(self.leader)
             self.notes.append(
-                "the leader %r measured %.3fx one group's step (+-%.1f%% over %d rounds): "
+                "the leader, %s, measured %.3fx one group's step (+-%.1f%% over %d rounds): "
                 "not resolved, one group kept" % (
-                    self.leader, math.exp(mean), 100 * (math.exp(half_width) - 1),
+                    self._name(self.leader), math.exp(mean), 100 * (math.exp(half_width) - 1),
                     len(self.relative_rounds_of(self.leader))))
+
+    def _name(self, layout):
+        if layout == layerwise_splits(self.num_tensors):
+            return "layer-wise"
+        return "%d groups cut at %s" % (len(layout) + 1, list(layout))
 
     def _time_round(self, layouts, round_index):
         measured = {}

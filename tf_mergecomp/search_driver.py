@@ -681,7 +681,9 @@ class PartitionSearchDriver:
                          "min_turn_seconds": self.min_turn_seconds,
                          "turn_steps": self.turn_steps,
                          "warmup_steps": self.warmup_steps,
-                         "profiled_steps": self.profiled_steps},
+                         "profiled_steps": self.profiled_steps,
+                         "resolve_rounds": self.algorithm.resolve_rounds,
+                         "standard_errors": self.algorithm.standard_errors},
             "search": self.algorithm.summary(),
         })
         return json.loads(json.dumps(document, default=_jsonable))

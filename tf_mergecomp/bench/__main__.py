@@ -172,6 +172,10 @@ def build_parser():
                       help="profile in this many ranks of one Horovod job over loopback and "
                            "average them: they share the cores as the cluster benchmark's "
                            "ranks do, and the probe's collectives are real (default 1)")
+    prof.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
+                      help="with --processes > 1, each rank on its share of the cores, as the "
+                           "cluster benchmark's ranks (default; --no-pin-cores: the scheduler "
+                           "places them)")
     prof.add_argument("--batch-size", type=_positive(int), default=32)
     prof.add_argument("--timeout", type=_positive(float), default=1800.0)
     prof.add_argument("--out", default=None, help="write the profile JSON here "
@@ -329,7 +333,7 @@ def _profile(args):
     codecs = args.codecs or list(profile.QUICK_CODECS if args.quick else profile.DEFAULT_CODECS)
     result = profile.record(args.model, codecs=codecs, quick=args.quick,
                             processes=args.processes, batch_size=args.batch_size,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, pin_cores=args.pin_cores)
     default_name = "profile_%s.json" % "".join(c if c.isalnum() else "_" for c in args.model)
     path = profile.save(result, args.out or os.path.join("bench_results", default_name))
     print(profile.summary_text(result))

@@ -40,7 +40,12 @@ codec's collective part, and an allgather codec's decode reads N rows. The
 profile records N as ``horovod.probe_workers``; the simulator scales those
 per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
 The loopback's own transfer time stays in them: they overstate the host's
-share by that much, more so next to a fast link than a slow one.
+share by that much, more so next to a fast link than a slow one. Each rank
+keeps to its share of the cores (``worker.pin_to_own_cores``), as the cluster
+benchmark's ranks do by default: compute and codec costs of a rank pinned to
+one core are not those of a rank the scheduler moves across two
+(``--no-pin-cores`` for the latter; the profile records which in
+``host.pin_cores``).
 
 ``--model`` also takes any Keras model: ``package.module:function`` (a
 function of no arguments returning a built model) or the name of a
@@ -216,6 +221,9 @@ def _timed_calls(function, calls):
 
 def measure(model_name, codecs, quick, batch_size=32):
     """The profile's measured fields, in this process (TensorFlow, Horovod size 1)."""
+    from tf_mergecomp.bench.worker import pin_to_own_cores
+
+    cores = pin_to_own_cores()  # before TensorFlow starts its thread pools
     import numpy as np
     import tensorflow as tf
 
@@ -359,6 +367,7 @@ def measure(model_name, codecs, quick, batch_size=32):
               flush=True)
 
     return {
+        "cores": cores,
         "tensors": {"shapes": shapes, "sizes": [int(s) for s in sizes], "dtypes": dtypes,
                     "order": "backprop"},
         "compute": {
@@ -435,8 +444,9 @@ def _average(values):
 
 
 def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_size=32,
-           timeout_s=1800, log=print):
-    """The profile of ``model_name`` on this machine (children as the module docstring says)."""
+           timeout_s=1800, log=print, pin_cores=True):
+    """The profile of ``model_name`` on this machine (children as the module docstring says;
+    with ``processes`` > 1 and ``pin_cores``, each rank on its share of the cores)."""
     from tf_mergecomp.bench import models
     from tf_mergecomp.compressors import NAMES
 
@@ -450,7 +460,9 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
     command = [sys.executable, "-m", "tf_mergecomp.bench.profile", "--child", model_name,
                ",".join(codecs), "1" if quick else "0", str(batch_size)]
     started = time.time()
-    outputs = _run_children(command, processes, timeout_s, model_name)
+    pin_cores = bool(pin_cores) and processes > 1
+    outputs = _run_children(command, processes, timeout_s, model_name, pin_cores)
+    rank_cores = [output.pop("cores", None) for output in outputs]
     measured = _average(outputs)
     import tensorflow as tf
 
@@ -465,7 +477,8 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
         "recording_s": time.time() - started,
         "host": {"hostname": host, "cpus": os.cpu_count(), "tensorflow": tf.__version__,
                  "tf_threads": int(os.environ.get("MERGECOMP_BENCH_TF_THREADS", "1")),
-                 "processes": processes, "load_average": list(os.getloadavg())},
+                 "processes": processes, "pin_cores": pin_cores, "rank_cores": rank_cores,
+                 "load_average": list(os.getloadavg())},
         "placement": {"codec_on_compute": True, "decodes_after_backprop": True},
         "horovod": {"cycle_time_s": horovod_cycle_s(), "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
                     "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True,
@@ -489,10 +502,10 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
     return validate(profile)
 
 
-def _run_children(command, processes, timeout_s, model_name):
+def _run_children(command, processes, timeout_s, model_name, pin_cores=False):
     """Each child's JSON line: one child on Horovod of size 1, or ``processes``
     ranks of one Horovod job over loopback (module docstring)."""
-    from tf_mergecomp.bench import launcher
+    from tf_mergecomp.bench import launcher, worker
 
     deadline = time.monotonic() + timeout_s
     hostnames = ["profile-rank%d" % rank for rank in range(processes)]
@@ -504,7 +517,8 @@ def _run_children(command, processes, timeout_s, model_name):
             if processes > 1:
                 environment = launcher.rank_environment(
                     rank, processes, hostnames[rank], "lo", "127.0.0.1", server.port,
-                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true",
+                               worker.PIN_CORES_VARIABLE: "1" if pin_cores else "0"})
             else:
                 environment = launcher.job_environment(
                     extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
