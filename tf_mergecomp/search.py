@@ -274,17 +274,9 @@ class PartitionSearchAlgorithm:
         return {layout: float(np.median(v)) for layout, v in values.items()}
 
     def gain_over_reference(self, layout):
-        """(log ratio, half width) of ``layout``'s time to one group's: the mean of
-        its per-round log ratios and ``standard_errors`` standard errors of that
-        mean (infinite from fewer than two rounds). Resolved faster than one
-        group when their sum is below zero."""
-        logs = np.log(self.relative_rounds_of(layout))
-        if len(logs) == 0:
-            return 0.0, math.inf
-        if len(logs) < 2:
-            return float(logs[0]), math.inf
-        spread = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
-        return float(np.mean(logs)), self.standard_errors * spread
+        """``mean_log_ratio`` of ``layout``'s per-round times to one group's.
+        Resolved faster than one group when the sum of the two is below zero."""
+        return mean_log_ratio(self.relative_rounds_of(layout), self.standard_errors)
 
     def resolved_choice(self, layout):
         """``layout`` if its gain over one group is resolved, else one group."""
@@ -292,6 +284,13 @@ class PartitionSearchAlgorithm:
             return REFERENCE
         mean, half_width = self.gain_over_reference(layout)
         return layout if mean + half_width < 0 else REFERENCE
+
+    def fastest(self, layouts=None):
+        """Of ``layouts`` (every candidate timed so far by default), the one with
+        the lowest median ratio to one group, the fewer groups on a tie."""
+        estimates = self.relative_seconds()
+        return min(estimates if layouts is None else layouts,
+                   key=lambda l: (estimates[l], len(l)))
 
     def rounds_of(self, layout):
         return [measured[layout] for measured in self.rounds_measured if layout in measured]
@@ -416,8 +415,7 @@ class PartitionSearchAlgorithm:
         # survivor's over all of them (round 1-2 of a DGC search timed one group
         # slow, so the 3-group candidate dropped after them kept a median of
         # 0.73 of one group, the leader it lost to came to 0.83 over 4 rounds).
-        estimates = self.relative_seconds()
-        self.leader = min(active, key=lambda l: (estimates[l], len(l)))
+        self.leader = self.fastest(active)
         while (self.leader != REFERENCE and self.extra_rounds < self.resolve_rounds
                and self._unresolved(self.leader)):
             yield from self._time_round([REFERENCE, self.leader], len(self.rounds_measured))
@@ -452,8 +450,7 @@ class PartitionSearchAlgorithm:
         return abs(mean) <= half_width
 
     def _drop_clear_losers(self, active, round_index):
-        estimates = self.relative_seconds()
-        leader = min(active, key=lambda l: (estimates[l], len(l)))
+        leader = self.fastest(active)
         leader_worst = max(self.relative_rounds_of(leader))
         kept = []
         for layout in active:
@@ -496,6 +493,18 @@ class PartitionSearchAlgorithm:
                 "decodes_after_backprop": self.decodes_after_backprop},
             "notes": list(self.notes),
         }
+
+
+def mean_log_ratio(ratios, standard_errors=2.0):
+    """(mean, half width) of the logs of ``ratios``: their mean and
+    ``standard_errors`` standard errors of it (infinite from fewer than two)."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    if len(logs) == 0:
+        return 0.0, math.inf
+    if len(logs) < 2:
+        return float(logs[0]), math.inf
+    spread = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
+    return float(np.mean(logs)), standard_errors * spread
 
 
 def best_layouts(model, groups, count=4, exhaustive_limit=20_000, sizes=None):

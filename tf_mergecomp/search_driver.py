@@ -260,11 +260,8 @@ class PartitionSearchDriver:
         if self._profiler is not None:
             self._profiler.stop([])
         choice = ()
-        if self.algorithm is not None:
-            relative = self.algorithm.relative_seconds()
-            if relative:
-                fastest = min(relative, key=lambda l: (relative[l], len(l)))
-                choice = self.algorithm.resolved_choice(fastest)
+        if self.algorithm is not None and self.algorithm.relative_seconds():
+            choice = self.algorithm.resolved_choice(self.algorithm.fastest())
         self._log("search stopped early after %d steps: keeping %s" % (
             self.cost["steps"], _describe(choice)))
         self._conclude(choice, save=False)

@@ -65,10 +65,9 @@ after each run is recorded: other processes on the machine skew the numbers.
 import json
 import math
 import os
-import statistics
 import time
 
-from tf_mergecomp import step_model
+from tf_mergecomp import search, step_model
 from tf_mergecomp.bench import launcher, models, netns, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
@@ -353,8 +352,8 @@ def paired_uncertainty(row, other):
              if a > 0 and b > 0]
     if len(pairs) < 3:
         return None
-    logs = [math.log(b / a) for a, b in pairs]
-    return math.expm1(2 * statistics.stdev(logs) / math.sqrt(len(logs)))
+    _, half_width = search.mean_log_ratio([b / a for a, b in pairs], standard_errors=2)
+    return math.expm1(half_width)
 
 
 def search_note(result, row):

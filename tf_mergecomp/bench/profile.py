@@ -509,6 +509,8 @@ def _run_children(command, processes, timeout_s, model_name, pin_cores=False):
 
     deadline = time.monotonic() + timeout_s
     hostnames = ["profile-rank%d" % rank for rank in range(processes)]
+    extra_env = {"TF_CPU_ALLOCATOR_USE_BFC": "true",
+                 worker.PIN_CORES_VARIABLE: "1" if pin_cores else "0"}
     with launcher.RendezvousServer("127.0.0.1") as server:
         if processes > 1:
             server.start(hostnames)
@@ -517,11 +519,9 @@ def _run_children(command, processes, timeout_s, model_name, pin_cores=False):
             if processes > 1:
                 environment = launcher.rank_environment(
                     rank, processes, hostnames[rank], "lo", "127.0.0.1", server.port,
-                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true",
-                               worker.PIN_CORES_VARIABLE: "1" if pin_cores else "0"})
+                    extra_env=extra_env)
             else:
-                environment = launcher.job_environment(
-                    extra_env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+                environment = launcher.job_environment(extra_env=extra_env)
             children.append(subprocess.Popen(command, env=environment, stdout=subprocess.PIPE,
                                              stderr=subprocess.PIPE, text=True,
                                              start_new_session=True))
