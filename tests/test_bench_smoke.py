@@ -443,6 +443,30 @@ def test_two_namespace_cluster_is_shaped_and_removed():
 
 
 @needs_netns
+def test_link_check_measures_every_link_of_the_ring_below_its_rate():
+    from tf_mergecomp.bench import link_check
+
+    with netns.VirtualCluster(3, bandwidth="200mbit", tag="l") as virtual:
+        check = link_check.measure(virtual, 25e6, cores_of=lambda rank: [0], repeats=2,
+                                   timeout_s=20)
+        with pytest.raises(RuntimeError, match="link check"):
+            link_check.measure(virtual, 25e6, cores_of=lambda rank: [4096], repeats=1,
+                               timeout_s=5)
+    assert check["workers"] == 3
+    assert check["bytes_per_link"] == link_check.transfer_bytes(25e6) == int(25e6 * 0.5)
+    assert [len(ring) for ring in check["links_bytes_per_s"]] == [3, 3]
+    # TCP's headers travel inside the token bucket's rate: at most the rate, and the
+    # bucket's burst aside, not far below it on an idle link.
+    assert 0.5 * 25e6 < check["delivered_bytes_per_s"] <= 1.05 * 25e6
+    slowest = [min(ring) for ring in check["links_bytes_per_s"]]
+    assert min(slowest) <= check["delivered_bytes_per_s"] <= max(slowest)
+    assert "Gbit/s delivered of 0.20 nominal" in link_check.describe(check)
+    with netns.VirtualCluster(1, bandwidth=None, tag="m") as alone:
+        with pytest.raises(ValueError, match="at least 2 workers"):
+            link_check.measure(alone, 25e6)
+
+
+@needs_netns
 def test_stale_cluster_of_a_dead_process_is_cleaned_up():
     stale = netns.VirtualCluster(1, bandwidth=None)
     stale.prefix = "%s%06x" % (netns.NAME_ROOT, 0xFFFFF0)  # no such pid

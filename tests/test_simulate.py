@@ -349,6 +349,34 @@ def test_validate_compares_each_measured_config_with_its_simulation():
     model = simulation.model(simulation.codec_costs("topk", network), "topk", network)
     assert five[1]["profile"] == pytest.approx(model.step_time(tuple(range(1, n))))
     assert five[1]["profile"] > rows[1]["profile"]  # more waits for the cycle
+    # A run whose link check measured its links prices the collectives at the delivered rate
+    # (unless asked for the nominal one); the table says which.
+    assert rows[0]["link"] == "nominal" and rows[0]["link_bytes_per_s"] == 1.25e8
+    checked = dict(run, groups=[dict(run["groups"][0], link={
+        "nominal_bytes_per_s": 1.25e8, "delivered_bytes_per_s": 0.5e8})])
+    slow_links = validate.compare([checked], {"tiny": profile})
+    assert slow_links[0]["link"] == "delivered" and slow_links[0]["link_bytes_per_s"] == 0.5e8
+    half = NetworkCosts(2, 0.5e8, simulate.DEFAULT_LATENCY_S)
+    simulation = simulate.Simulation(profile)
+    model = simulation.model(simulation.codec_costs("topk", half), "topk", half)
+    assert slow_links[1]["profile"] == pytest.approx(model.step_time(tuple(range(1, n))))
+    assert slow_links[0]["profile"] > rows[0]["profile"]  # Horovod fp32's bytes, slower
+    assert "(0.40 Gbit/s delivered)" in validate.table(slow_links)
+    nominal = validate.compare([checked], {"tiny": profile}, links="nominal")
+    assert [r["profile"] for r in nominal] == pytest.approx([r["profile"] for r in rows])
+    with pytest.raises(ValueError, match="delivered, nominal"):
+        validate.compare([checked], {"tiny": profile}, links="fastest")
+
+
+def test_tc_rates_read_as_tc_reads_them():
+    from tf_mergecomp.bench import netns
+
+    assert netns.rate_bytes_per_s("1gbit") == 1.25e8
+    assert netns.rate_bytes_per_s("100mbit") == 1.25e7
+    assert netns.rate_bytes_per_s("2gbps") == 2e9  # tc's bps are bytes
+    for bad in ("none", "fast"):
+        with pytest.raises(ValueError):
+            netns.rate_bytes_per_s(bad)
 
 
 def test_horovod_cycle_comes_from_the_environment():

@@ -60,6 +60,7 @@ def build_parser():
     from tf_mergecomp.bench import exchange as exchange_bench
     from tf_mergecomp.bench import profile as profile_bench
     from tf_mergecomp.bench import simulate as simulate_bench
+    from tf_mergecomp.bench import validate as validate_bench
     from tf_mergecomp.compressors import NAMES
 
     parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench", description=__doc__)
@@ -140,6 +141,10 @@ def build_parser():
                       help="each rank keeps to its own share of this machine's cores, as on "
                            "machines of their own (default; --no-pin-cores: the scheduler "
                            "places every rank's threads)")
+    clus.add_argument("--link-check", action=argparse.BooleanOptionalAction, default=True,
+                      help="measure what the shaped links deliver (TCP around the ring, a few "
+                           "seconds) before the configs; bench validate prices the collectives "
+                           "at that rate (default; --no-link-check: the nominal rate)")
     clus.add_argument("--isolate", action="store_true",
                       help="every config in fresh rank processes of its own, none timed after "
                            "another in the same processes (slower; steadier where the order "
@@ -209,6 +214,9 @@ def build_parser():
     val.add_argument("--profiles", type=_csv(str), required=True,
                      help="comma-separated MODEL=PROFILE.json pairs")
     val.add_argument("--latency", default=None, help="seconds per ring step (default 25us)")
+    val.add_argument("--links", choices=validate_bench.LINK_RATES, default="delivered",
+                     help="price the collectives at the rate the run's link check measured "
+                          "(default; runs without one: the nominal tc rate) or the nominal rate")
     val.add_argument("--out", default=None, help="also write validate.{md,json} here")
 
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
@@ -306,7 +314,7 @@ def main(argv=None):
 
         try:
             latency = None if args.latency is None else simulate.parse_latency(args.latency)
-            result = validate.run(args.cluster, args.profiles, latency)
+            result = validate.run(args.cluster, args.profiles, latency, args.links)
         except ValueError as error:
             print("error: %s" % error, file=sys.stderr)
             return 2

@@ -68,10 +68,12 @@ import os
 import time
 
 from tf_mergecomp import search, step_model
-from tf_mergecomp.bench import launcher, models, netns, report, sshd, worker
+from tf_mergecomp.bench import launcher, link_check, models, netns, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
 LAUNCHERS = launcher.LAUNCHERS
+# What the link check moves per link when the links are unshaped ('none').
+NOMINAL_UNSHAPED_BYTES_PER_S = 10e9 / 8
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),
@@ -251,15 +253,34 @@ def run_group(model, workers, batches, args, out_dir):
     started = time.time()
     load_before = os.getloadavg()[0]
     records = []
+    link = None
     with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster, \
             launcher.open_launcher(args.launcher, cluster) as launch:
+        if workers > 1 and args.link_check:
+            link = check_links(cluster, args)
         for index, configs in enumerate(batches):
             print("[cluster]   batch %d/%d: %s" % (index + 1, len(batches),
                                                   ", ".join(c["label"] for c in configs)), flush=True)
             records.append(run_batch(cluster, launch, model, index, configs, args, run_dir))
     return {"model": model, "workers": workers, "batch_size": args.batch_size,
             "wall_s": time.time() - started, "load_average": [load_before, os.getloadavg()[0]],
-            "batches": records, "ranks": merge_batches(records, workers)}
+            "batches": records, "ranks": merge_batches(records, workers), "link": link}
+
+
+def check_links(cluster, args):
+    """What the cluster's links deliver (``link_check``), each worker's side on
+    its rank's cores when the ranks keep to theirs."""
+    workers = len(cluster.namespaces)
+    cores = sorted(os.sched_getaffinity(0))
+    nominal = NOMINAL_UNSHAPED_BYTES_PER_S if args.bandwidth == "none" else \
+        netns.rate_bytes_per_s(args.bandwidth)
+    check = link_check.measure(
+        cluster, nominal,
+        cores_of=(lambda rank: worker.own_cores(rank, workers, cores)) if args.pin_cores else None)
+    if args.bandwidth == "none":
+        check["nominal_bytes_per_s"] = None
+    print("[cluster]   " + link_check.describe(check), flush=True)
+    return check
 
 
 def merge_batches(records, workers):
@@ -572,6 +593,8 @@ def tables(summary):
                          _load_text(single.get(model, {}).get("load_average")),
                          ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
                          workers, _load_text(group.get("load_average"))))
+        if group.get("link"):
+            parts.append(link_check.describe(group["link"]).capitalize() + ".\n")
         layerwise = {r["config"].get("algorithm"): r for r in primary_rows(group["rows"])
                      if r["config"].get("partition") == "layerwise"}
         rows = []
@@ -727,6 +750,7 @@ def _run_all(args, batches, summary, out_dir):
                 "compute_step_s": [r["compute_step_s"] for r in group["ranks"] if "compute_step_s" in r],
                 "gradient_tensors": group["ranks"][0].get("gradient_tensors"),
                 "horovod_restarts": group["ranks"][0].get("horovod_restarts", 0),
+                "link": group["link"],
             })
             notes.extend("%s with %d workers: %s" % (model, workers, e) for e in errors)
             blocker = group["ranks"][0].get("restart_blocker") if group["ranks"] else None

@@ -84,6 +84,19 @@ def check_rate(rate):
     return rate.lower()
 
 
+_TC_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
+             "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12}
+
+
+def rate_bytes_per_s(rate):
+    """Bytes per second of a tc rate, as tc reads it ('gbit' bits, 'gbps' bytes)."""
+    rate = check_rate(rate)
+    if rate is None:
+        raise ValueError("an unshaped link ('none') has no rate")
+    number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)([a-z]+)", rate).groups()
+    return float(number) * _TC_UNITS[unit]
+
+
 def available():
     """(bool, reason): whether this process can create namespaces."""
     if os.geteuid() != 0:

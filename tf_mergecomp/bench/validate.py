@@ -7,8 +7,12 @@ For every config row of each cluster run (``bench cluster``'s cluster.json),
 the simulator (tf_mergecomp/bench/simulate.py) predicts the step time of the
 same config on the same network (the run's workers and tc rate): Horovod
 fp32/fp16 with tensor fusion, and each codec with the partition the run
-actually trained (layer-wise, one group, or what its search chose). Two
-predictions per row:
+actually trained (layer-wise, one group, or what its search chose). The
+collectives move at the rate the run's link check measured (``--links
+delivered``, the default; ``bench cluster``'s links deliver less than their tc
+rate on a host of few cores, tf_mergecomp/bench/link_check.py) or at the
+nominal tc rate (``--links nominal``, and runs recorded without a check).
+Two predictions per row:
 
 - ``profile``: the profile's own compute (recorded on this machine);
 - ``run compute``: the profile's compute times (ready times, tail, local
@@ -27,10 +31,11 @@ import os
 
 import numpy as np
 
-from tf_mergecomp.bench import report, simulate
+from tf_mergecomp.bench import netns, report, simulate
 from tf_mergecomp.bench.profile import load
 
 REPEAT_SUFFIX = " (repeat)"
+LINK_RATES = ("delivered", "nominal")
 
 
 def load_cluster(path):
@@ -78,14 +83,25 @@ def _predict(simulation, network, row):
     return simulation.model(costs, config["algorithm"], network).step_time(splits)
 
 
-def compare(cluster_runs, profiles, latency=None):
+def link_rate(run, group, links="delivered"):
+    """(bytes per second, 'delivered' or 'nominal'): the rate ``group``'s collectives
+    are priced at."""
+    if links not in LINK_RATES:
+        raise ValueError("links must be one of %s, got %r" % (", ".join(LINK_RATES), links))
+    check = group.get("link")
+    if links == "delivered" and check and check.get("delivered_bytes_per_s"):
+        return float(check["delivered_bytes_per_s"]), "delivered"
+    return netns.rate_bytes_per_s(run["bandwidth"]), "nominal"
+
+
+def compare(cluster_runs, profiles, latency=None, links="delivered"):
     """Rows of measured vs simulated step times."""
     from tf_mergecomp.step_model import HOROVOD_CYCLE_S, NetworkCosts
 
     rows = []
     for run in cluster_runs:
-        _, per_second, _ = simulate.parse_bandwidth(run["bandwidth"])
         for group in run["groups"]:
+            per_second, rate_source = link_rate(run, group, links)
             model = group["model"]
             if model not in profiles:
                 raise ValueError("no profile for %s; given: %s" % (model, ", ".join(profiles)))
@@ -109,6 +125,7 @@ def compare(cluster_runs, profiles, latency=None):
                     continue
                 repeat = measured.get(label + REPEAT_SUFFIX)
                 entry = {"model": model, "bandwidth": run["bandwidth"],
+                         "link_bytes_per_s": per_second, "link": rate_source,
                          "workers": group["workers"], "label": label,
                          "groups": row.get("num_groups"), "measured_s": row["step_s"],
                          "repeat_s": repeat["step_s"] if repeat else None,
@@ -130,11 +147,18 @@ def summary(rows, key):
             "within_25": sum(e <= 0.25 for e in errors), "rows": len(errors)}
 
 
+def _network_text(row):
+    text = "%dw %s" % (row["workers"], row["bandwidth"])
+    if row.get("link") == "delivered":
+        text += " (%.2f Gbit/s delivered)" % (row["link_bytes_per_s"] * 8e-9)
+    return text
+
+
 def table(rows):
     lines = [report.markdown_table(
         ["model", "network", "config", "groups", "measured s", "repeat s",
          "simulated s (profile)", "error", "simulated s (run compute)", "error"],
-        [[r["model"], "%dw %s" % (r["workers"], r["bandwidth"]), r["label"],
+        [[r["model"], _network_text(r), r["label"],
           "-" if r["groups"] is None else str(r["groups"]), r["measured_s"], r["repeat_s"],
           r["profile"], "%+.0f%%" % (100 * r["profile error"]), r["run compute"],
           "%+.0f%%" % (100 * r["run compute error"])] for r in rows])]
@@ -156,14 +180,14 @@ def table(rows):
     return "\n".join(lines)
 
 
-def run(cluster_paths, profile_specs, latency=None):
+def run(cluster_paths, profile_specs, latency=None, links="delivered"):
     profiles = {}
     for spec in profile_specs:
         model, _, path = spec.partition("=")
         if not path:
             raise ValueError("--profiles takes MODEL=PATH pairs, got %r" % spec)
         profiles[model] = load(path)
-    rows = compare([load_cluster(p) for p in cluster_paths], profiles, latency)
+    rows = compare([load_cluster(p) for p in cluster_paths], profiles, latency, links)
     return {"rows": rows, "summary": {k: summary(rows, k) for k in ("profile", "run compute")},
-            "clusters": list(cluster_paths), "profiles": list(profile_specs),
+            "clusters": list(cluster_paths), "profiles": list(profile_specs), "links": links,
             "latency_s": simulate.DEFAULT_LATENCY_S if latency is None else latency}
