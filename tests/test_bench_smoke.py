@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
 
+import argparse
 import json
 import math
 import os
@@ -186,6 +187,10 @@ def test_cluster_summary_math():
     assert ("- topk: within 3%% of the better sentinel: met (100.0%% faster, +-%.1f%% over the "
             "rounds)" % (100 * uncertainty)) in text
     assert "- best scaling factor: 1.60 (topk searched)" in text
+    assert "delivered of" not in text  # a run without a link check says nothing of one
+    summary["groups"][0]["link"] = {"nominal_bytes_per_s": 1.25e8, "delivered_bytes_per_s": 1.1e8,
+                                    "links_bytes_per_s": [[1.1e8, 1.2e8]]}
+    assert "Links: 0.88 Gbit/s delivered of 1.00 nominal" in cluster.tables(summary)
 
 
 def test_turn_means_and_how_far_the_rounds_agree_on_a_ratio():
@@ -464,6 +469,12 @@ def test_link_check_measures_every_link_of_the_ring_below_its_rate():
     with netns.VirtualCluster(1, bandwidth=None, tag="m") as alone:
         with pytest.raises(ValueError, match="at least 2 workers"):
             link_check.measure(alone, 25e6)
+    # The cluster benchmark's check: its peers on the ranks' cores, at the run's tc rate.
+    with netns.VirtualCluster(2, bandwidth="100mbit", tag="c") as virtual:
+        check = cluster.check_links(virtual, argparse.Namespace(bandwidth="100mbit",
+                                                                pin_cores=True))
+    assert check["nominal_bytes_per_s"] == 12.5e6
+    assert 0.5 * 12.5e6 < check["delivered_bytes_per_s"] <= 1.05 * 12.5e6
 
 
 @needs_netns

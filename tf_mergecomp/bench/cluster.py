@@ -594,7 +594,7 @@ def tables(summary):
                          ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
                          workers, _load_text(group.get("load_average"))))
         if group.get("link"):
-            parts.append(link_check.describe(group["link"]).capitalize() + ".\n")
+            parts.append(link_check.describe(group["link"]) + ".\n")
         layerwise = {r["config"].get("algorithm"): r for r in primary_rows(group["rows"])
                      if r["config"].get("partition") == "layerwise"}
         rows = []

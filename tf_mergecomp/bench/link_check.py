@@ -2,9 +2,10 @@
 
 A tc rate is a ceiling, not a promise. On a host of a few cores the kernel's
 own work (TCP, the veth pairs, the token buckets) runs on the cores the ranks
-use: on this project's 2-core host a link shaped to 10 Gbit/s moved 4.7 to 6.4
-Gbit/s each way (the more the less else ran), one of 100 Gbit/s 8.5, one of
-1 Gbit/s 0.90 to 0.94 (TCP's headers ride inside the rate). A model that
+use: on this project's 2-core host a link shaped to 10 Gbit/s moved 8.6
+Gbit/s each way with nothing else running and 4.7 to 6.4 beside a compile,
+one of 100 Gbit/s 8.5, one of 1 Gbit/s 0.90 to 0.94 (TCP's headers ride
+inside the rate). A model that
 prices a collective at the nominal rate then predicts its bytes up to twice
 as fast as they go. So the cluster benchmark measures its links once, before the
 configs, the way a ring allreduce uses them: every worker sends to the next
@@ -146,7 +147,7 @@ def measure(cluster, nominal_bytes_per_s, cores_of=None, repeats=REPEATS, timeou
 
 
 def describe(check):
-    return ("links: %.2f Gbit/s delivered of %.2f nominal, each way, every worker sending "
+    return ("Links: %.2f Gbit/s delivered of %.2f nominal, each way, every worker sending "
             "to the next at once (slowest link, median of %d)" % (
                 check["delivered_bytes_per_s"] * 8e-9, check["nominal_bytes_per_s"] * 8e-9,
                 len(check["links_bytes_per_s"])))
