@@ -477,6 +477,39 @@ def test_link_check_measures_every_link_of_the_ring_below_its_rate():
     assert 0.5 * 12.5e6 < check["delivered_bytes_per_s"] <= 1.05 * 12.5e6
 
 
+def test_a_failed_or_unshaped_link_check_is_reported_not_fatal(monkeypatch):
+    from tf_mergecomp.bench import link_check, validate
+
+    class TwoWorkers:
+        namespaces = ["a", "b"]
+
+    def refuse(cluster, nominal, cores_of=None):
+        raise RuntimeError("link check peer failed (exit 1): taskset: bad core")
+
+    monkeypatch.setattr(link_check, "measure", refuse)
+    args = argparse.Namespace(bandwidth="1gbit", pin_cores=False)
+    check = cluster.check_links(TwoWorkers(), args)
+    assert check == {"error": "link check peer failed (exit 1): taskset: bad core"}
+    assert link_check.describe(check).startswith("Links: not measured (link check peer failed")
+    # validate then prices the run's collectives at the nominal rate
+    assert validate.link_rate({"bandwidth": "1gbit"}, {"link": check}) == (1.25e8, "nominal")
+
+    seen = {}
+
+    def unshaped(cluster, nominal, cores_of=None):
+        seen["nominal"] = nominal
+        return {"nominal_bytes_per_s": nominal, "delivered_bytes_per_s": 1.0e9,
+                "links_bytes_per_s": [[1.0e9, 1.1e9]]}
+
+    monkeypatch.setattr(link_check, "measure", unshaped)
+    check = cluster.check_links(TwoWorkers(), argparse.Namespace(bandwidth="none",
+                                                                 pin_cores=False))
+    assert seen["nominal"] == cluster.NOMINAL_UNSHAPED_BYTES_PER_S
+    assert check["nominal_bytes_per_s"] is None
+    assert "8.00 Gbit/s delivered of unshaped links" in link_check.describe(check)
+    assert validate.link_rate({"bandwidth": "none"}, {"link": check}) == (1.0e9, "delivered")
+
+
 @needs_netns
 def test_stale_cluster_of_a_dead_process_is_cleaned_up():
     stale = netns.VirtualCluster(1, bandwidth=None)

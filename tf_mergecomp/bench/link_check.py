@@ -5,12 +5,12 @@ own work (TCP, the veth pairs, the token buckets) runs on the cores the ranks
 use: on this project's 2-core host a link shaped to 10 Gbit/s moved 8.6
 Gbit/s each way with nothing else running and 4.7 to 6.4 beside a compile,
 one of 100 Gbit/s 8.5, one of 1 Gbit/s 0.90 to 0.94 (TCP's headers ride
-inside the rate). A model that
-prices a collective at the nominal rate then predicts its bytes up to twice
-as fast as they go. So the cluster benchmark measures its links once, before the
-configs, the way a ring allreduce uses them: every worker sends to the next
-(in its namespace, on its rank's cores) while it receives from the one
-before, the same bytes each; the ring moves at its slowest link's pace.
+inside the rate). A model that prices a collective at the nominal rate then
+predicts its bytes up to twice as fast as they go. So the cluster benchmark
+measures its links once, before the configs, the way a ring allreduce uses
+them: every worker sends to the next (in its namespace, on its rank's cores)
+while it receives from the one before, the same bytes each; the ring moves
+at its slowest link's pace.
 
 Run as a program (``python link_check.py peer ...``) inside a namespace it
 imports nothing but the standard library, so it starts in milliseconds.
@@ -147,9 +147,13 @@ def measure(cluster, nominal_bytes_per_s, cores_of=None, repeats=REPEATS, timeou
 
 
 def describe(check):
-    return ("Links: %.2f Gbit/s delivered of %.2f nominal, each way, every worker sending "
-            "to the next at once (slowest link, median of %d)" % (
-                check["delivered_bytes_per_s"] * 8e-9, check["nominal_bytes_per_s"] * 8e-9,
+    if check.get("error"):
+        return "Links: not measured (%s); collectives priced at the nominal rate" % check["error"]
+    nominal = check["nominal_bytes_per_s"]
+    return ("Links: %.2f Gbit/s delivered of %s, each way, every worker sending to the next "
+            "at once (slowest link, median of %d)" % (
+                check["delivered_bytes_per_s"] * 8e-9,
+                "unshaped links" if nominal is None else "%.2f nominal" % (nominal * 8e-9),
                 len(check["links_bytes_per_s"])))
 
 
