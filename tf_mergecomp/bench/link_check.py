@@ -75,12 +75,13 @@ def peer(listen, send_to, nbytes, timeout_s):
     receiver = threading.Thread(target=receive, daemon=True)
     receiver.start()
     sender = _connect(send_to, deadline)
-    chunk = b"\0" * CHUNK_BYTES
+    chunk = memoryview(bytes(CHUNK_BYTES))
     sent = 0
     sender.settimeout(max(0.1, deadline - time.monotonic()))
     while sent < nbytes and time.monotonic() < deadline:
-        sender.sendall(chunk[:min(CHUNK_BYTES, nbytes - sent)])
-        sent += min(CHUNK_BYTES, nbytes - sent)
+        size = min(CHUNK_BYTES, nbytes - sent)
+        sender.sendall(chunk[:size])
+        sent += size
     sender.close()
     receiver.join(max(0.0, deadline - time.monotonic()))
     server.close()
