@@ -402,7 +402,7 @@ def test_profile_arguments(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["profile", "--model", bad])
         error = capsys.readouterr().err
-        assert "unknown model %r; valid choices: resnet50, vgg16, transformer" % bad in error
+        assert "unknown model %r; valid choices: resnet50, vgg16, transformer, mlp" % bad in error
         assert "package.module:function" in error
     with pytest.raises(ValueError, match="valid choices"):
         profile_module.record("resnet50", codecs=("gzip",))

@@ -88,9 +88,11 @@ def build_parser():
     exchange.add_argument("--megabytes", type=_positive(float),
                           default=exchange_bench.DEFAULT_MEGABYTES,
                           help="size of the tensor-count sweep's sets (default 16)")
-    exchange.add_argument("--models", type=_csv(models.check_model), default=list(models.MODELS),
-                          help="gradient sets of these models' shapes (default %s; '' for none)"
-                               % ",".join(models.MODELS))
+    exchange.add_argument("--models", type=_csv(models.check_model),
+                          default=list(models.DEFAULT_MODELS),
+                          help="gradient sets of these models' shapes (default %s; '' for none; "
+                               "valid: %s)" % (",".join(models.DEFAULT_MODELS),
+                                               ",".join(models.MODELS)))
     exchange.add_argument("--algorithms", type=_algorithms, default=list(NAMES),
                           help="comma-separated; default: all of %s" % ",".join(NAMES))
     exchange.add_argument("--rounds", type=_positive(int), default=7,
@@ -106,7 +108,9 @@ def build_parser():
     clus = commands.add_parser("cluster", help="virtual cluster of network namespaces (root)")
     clus.add_argument("--workers", type=_csv(int), default=[2, 4])
     clus.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
-    clus.add_argument("--models", type=_csv(str), default=list(models.MODELS))
+    clus.add_argument("--models", type=_csv(str), default=list(models.DEFAULT_MODELS),
+                      help="default %s; valid: %s" % (",".join(models.DEFAULT_MODELS),
+                                                      ",".join(models.MODELS)))
     clus.add_argument("--algorithms", type=_algorithms, default=list(cluster.DEFAULT_ALGORITHMS))
     clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
     clus.add_argument("--warmup-steps", type=int, default=5,
