@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tf_mergecomp.bench import cluster, netns, ops, report
+from tf_mergecomp.bench import cluster, models, netns, ops, report
 from tf_mergecomp.bench.__main__ import apply_quick, build_parser
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +74,12 @@ def test_cluster_argument_checks():
     assert netns.check_rate("none") is None
     with pytest.raises(ValueError, match="1..64"):
         netns.VirtualCluster(0)
+    # every model the cluster accepts has a time budget; the default set leaves the mlp out
+    args = build_parser().parse_args(["cluster", "--models", ",".join(models.MODELS)])
+    assert cluster.check_args(args).models == list(models.MODELS)
+    for model in models.MODELS:
+        assert cluster._time_budget_s(3, args, model, 10) > 0
+    assert "mlp" not in build_parser().parse_args(["cluster"]).models
 
 
 def test_plan_has_baselines_and_three_partitions_per_algorithm():

@@ -181,7 +181,7 @@ def _time_budget_s(num_configs, args, model, compute_steps):
     # Keras model with per-tensor compression as much again on a contended
     # 2-core machine; ResNet50/VGG16 steps take seconds. A search on exchange
     # times re-traces only the exchange (seconds).
-    per_step = {"transformer": 3.0, "resnet50": 8.0, "vgg16": 15.0}[model]
+    per_step = {"transformer": 3.0, "mlp": 5.0, "resnet50": 8.0, "vgg16": 15.0}[model]
     rounds, steps_per_round = rounds_plan(args)
     # The search: at most --search-steps steps, 5 traces, and a minute of probes.
     search_steps = args.search_steps if args.search_on == "training" else 0
