@@ -483,6 +483,20 @@ def test_link_check_measures_every_link_of_the_ring_below_its_rate():
     assert 0.5 * 12.5e6 < check["delivered_bytes_per_s"] <= 1.05 * 12.5e6
 
 
+def test_link_check_on_loopback_as_the_profiles_probe_runs():
+    from tf_mergecomp.bench import link_check
+
+    loopback = link_check.Loopback(3)
+    assert loopback.addresses == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert loopback.exec_prefix(2) == []
+    check = link_check.measure(loopback, 25e6, cores_of=lambda rank: [0], repeats=2,
+                               timeout_s=20)
+    assert check["workers"] == 3 and [len(ring) for ring in check["links_bytes_per_s"]] == [3, 3]
+    # unshaped: as fast as the cores copy, and every byte arrived
+    assert check["delivered_bytes_per_s"] > 1e7
+    assert check["bytes_per_link"] == link_check.transfer_bytes(25e6)
+
+
 def test_a_failed_or_unshaped_link_check_is_reported_not_fatal(monkeypatch):
     from tf_mergecomp.bench import link_check, validate
 

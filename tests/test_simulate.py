@@ -82,14 +82,17 @@ def test_a_multi_rank_probe_scales_the_hosts_share_of_the_collective_to_w_worker
     codec = LinearGroupCosts(sizes, [[1e-3, 0, 0], [2e-4, 1e-6, 0], [1e-4, 2e-6, 0]])
     wire = WireBytes(sizes, per_element=1.0)
     for workers, gather_rows, ring_share in ((2, 1, 1.0), (8, 7, 1.75)):
-        network = NetworkCosts(workers, 1e4, 0.0)
+        network = NetworkCosts(workers, 1e4, 1e-5)
         assert network.host_scale("allgather", 2) == pytest.approx(gather_rows)
         assert network.host_scale("allreduce", 2) == pytest.approx(ring_share)
         assert network.host_scale("allgather", 1) == 1.0  # a lone probe measured no such work
+        assert network.allreduce(200.0) == pytest.approx(
+            network.transfer("allreduce", 200.0) + network.latency_term("allreduce"))
+        assert network.latency_term("allreduce") == pytest.approx(2 * (workers - 1) * 1e-5)
         _, collective, decode = NetworkGroupCosts(codec, wire, "allgather", network,
                                                   decode_rows=True, probe_workers=2)(0, 2)
         assert collective == pytest.approx(2e-4 + gather_rows * 200e-6
-                                           + (workers - 1) * 200 / 1e4)
+                                           + network.allgather(200.0))
         assert decode == pytest.approx(1e-4 + workers * 200e-6)
         _, reduced, _ = NetworkGroupCosts(codec, wire, "allreduce", network,
                                           probe_workers=2)(0, 2)
@@ -99,6 +102,37 @@ def test_a_multi_rank_probe_scales_the_hosts_share_of_the_collective_to_w_worker
         fused = FusedGroupCosts(codec, wire, "allreduce", network, probe_workers=2)
         assert fused(0, 2)[1] == pytest.approx(2e-4 + ring_share * 200e-6
                                                + network.allreduce(200.0))
+
+
+def test_the_probes_own_transfer_is_replaced_by_the_networks():
+    sizes = [100, 100]
+    codec = LinearGroupCosts(sizes, [[0, 0, 0], [2e-4, 1e-6, 0], [0, 0, 0]])
+    wire = WireBytes(sizes, per_element=1.0)
+    network = NetworkCosts(8, 1e4, 0.0)
+    # the probe's 2-rank loopback ring moved 1e6 bytes/s each way: of its 200e-6 s of
+    # per-byte host work for 200 bytes, an allreduce's 200 bytes took 200e-6 s moving
+    # (ring share 1 at 2 ranks) and an allgather's 200e-6 s too: nothing left
+    for kind in ("allreduce", "allgather"):
+        replaced = NetworkGroupCosts(codec, wire, kind, network, probe_workers=2,
+                                     probe_link=1e6)(0, 2)[1]
+        assert replaced == pytest.approx(2e-4 + network.collective(kind, 200.0))
+    # a faster loopback took less of it: the rest is the host's (sums, copies), scaled to W
+    slow = NetworkGroupCosts(codec, wire, "allreduce", network, probe_workers=2,
+                             probe_link=4e6)(0, 2)[1]
+    assert slow == pytest.approx(2e-4 + 1.75 * (200e-6 - 50e-6) + network.allreduce(200.0))
+    fused = FusedGroupCosts(codec, wire, "allreduce", network, probe_workers=2, probe_link=4e6)
+    assert fused(0, 2)[1] == pytest.approx(slow)
+    # PowerSGD's two collectives a group: each moved half the bytes
+    halves = NetworkGroupCosts(codec, wire, "allreduce", network, calls=2, probe_workers=2,
+                               probe_link=4e6)(0, 2)[1]
+    assert halves == pytest.approx(2e-4 + 1.75 * (200e-6 - 50e-6)
+                                   + 2 * network.allreduce(100.0))
+    # unmeasured, or a lone probe (it moved nothing): the host's share is kept whole
+    for probe_workers, probe_link in ((2, None), (1, 1e6)):
+        kept = NetworkGroupCosts(codec, wire, "allreduce", network, probe_workers=probe_workers,
+                                 probe_link=probe_link)(0, 2)[1]
+        scale = network.host_scale("allreduce", probe_workers)
+        assert kept == pytest.approx(2e-4 + scale * 200e-6 + network.allreduce(200.0))
 
 
 def test_horovod_fusion_groups_by_cycle_and_buffer():
@@ -340,6 +374,20 @@ def test_validate_compares_each_measured_config_with_its_simulation():
     # the run computed twice as slowly as the profile's local step: its compute is scaled
     assert rows[2]["run compute"] > rows[2]["profile"]
     assert "median |error|" in validate.table(rows)
+    # the exchange timed alone: the same config with every gradient ready at once and
+    # nothing to compute; rows without one (a run before it was timed) have no such column
+    assert "exchange" not in rows[1]
+    timed = dict(run, groups=[dict(run["groups"][0], rows=[
+        dict(r, exchange_s=0.02) for r in run["groups"][0]["rows"]])])
+    exchanged = validate.compare([timed], {"tiny": profile})
+    alone = simulate.Simulation(validate.exchange_profile(profile))
+    assert alone.local_step == 0 and not any(alone.ready)
+    model = alone.model(alone.codec_costs("topk", network), "topk", network)
+    assert exchanged[1]["exchange"] == pytest.approx(model.step_time(tuple(range(1, n))))
+    assert 0 < exchanged[1]["exchange"] < exchanged[1]["profile"]
+    assert exchanged[1]["exchange error"] == pytest.approx(exchanged[1]["exchange"] / 0.02 - 1)
+    assert "exchange alone (no compute" in validate.table(exchanged)
+    assert "exchange alone (no compute" not in validate.table(rows)
     # A run whose ranks ran Horovod with a 5 ms cycle is simulated with that cycle (the
     # probe's own wait, the profile's cycle, still comes out of the collective cost).
     slow_cycle = dict(run, horovod_cycle_time_s=0.005)
@@ -423,6 +471,10 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     profile = profile_module.load(str(out))
     assert profile["model"] == "tests.workers.tiny_model:build"
     assert profile["horovod"]["probe_workers"] == 2
+    # what the probe's loopback ring delivered, each rank's side on its own cores
+    assert profile["probe_link"]["workers"] == 2
+    assert profile["horovod"]["probe_link_bytes_per_s"] == \
+        profile["probe_link"]["delivered_bytes_per_s"] > 1e7
     # each rank on its own share of the cores, as the cluster benchmark's ranks
     cores = sorted(os.sched_getaffinity(0))
     assert profile["host"]["pin_cores"] is True

@@ -72,8 +72,7 @@ from tf_mergecomp.bench import launcher, link_check, models, netns, report, sshd
 
 PARTITION_MODES = ("layerwise", "one", "searched")
 LAUNCHERS = launcher.LAUNCHERS
-# What the link check moves per link when the links are unshaped ('none').
-NOMINAL_UNSHAPED_BYTES_PER_S = 10e9 / 8
+NOMINAL_UNSHAPED_BYTES_PER_S = link_check.NOMINAL_UNSHAPED_BYTES_PER_S
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
                       "onebit", "signum", "terngrad", "powersgd")
 QUICK = {"models": ("transformer",), "workers": (2,), "algorithms": ("efsignsgd", "topk"),

@@ -34,6 +34,8 @@ SECONDS_AT_NOMINAL = 0.5
 MIN_BYTES = 4 << 20
 MAX_BYTES = 1 << 30
 REPEATS = 3
+# How much an unshaped ring (no tc rate) moves per link: 10 Gbit/s's 0.5 s.
+NOMINAL_UNSHAPED_BYTES_PER_S = 10e9 / 8
 CONNECT_TIMEOUT_S = 10.0
 
 
@@ -102,6 +104,18 @@ def _connect(address, deadline):
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)
+
+
+class Loopback:
+    """``workers`` ranks on this host's loopback, as the profile's probe runs
+    them: the same interface as a virtual cluster for ``measure``."""
+
+    def __init__(self, workers):
+        self.namespaces = [None] * workers
+        self.addresses = ["127.0.0.%d" % (rank + 1) for rank in range(workers)]
+
+    def exec_prefix(self, rank):
+        return []
 
 
 def measure(cluster, nominal_bytes_per_s, cores_of=None, repeats=REPEATS, timeout_s=60.0):

@@ -39,8 +39,12 @@ sums, the copies of every gathered row, the kernel's TCP work) lands in the
 codec's collective part, and an allgather codec's decode reads N rows. The
 profile records N as ``horovod.probe_workers``; the simulator scales those
 per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
-The loopback's own transfer time stays in them: they overstate the host's
-share by that much, more so next to a fast link than a slow one. Each rank
+The loopback's own transfer is in them too: the profile measures what the
+ranks' loopback ring delivers (``link_check``, every rank sending to the next
+at once on its own cores) and records it as ``horovod.probe_link_bytes_per_s``,
+and the simulator takes that transfer out, the simulated network's taking its
+place (on a host whose cores move the bytes, loopback is no faster than the
+shaped links, and added to them the transfer counted twice). Each rank
 keeps to its share of the cores (``worker.pin_to_own_cores``), as the cluster
 benchmark's ranks do by default: compute and codec costs of a rank pinned to
 one core are not those of a rank the scheduler moves across two
@@ -461,6 +465,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
                ",".join(codecs), "1" if quick else "0", str(batch_size)]
     started = time.time()
     pin_cores = bool(pin_cores) and processes > 1
+    loopback = _check_loopback(processes, pin_cores, log) if processes > 1 else None
     outputs = _run_children(command, processes, timeout_s, model_name, pin_cores)
     rank_cores = [output.pop("cores", None) for output in outputs]
     measured = _average(outputs)
@@ -483,23 +488,52 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
         "horovod": {"cycle_time_s": horovod_cycle_s(), "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
                     "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True,
                     "probe_workers": processes},
+        "probe_link": loopback,
         "notes": [
             "CPU host, one TensorFlow thread per process: codecs run on the thread that runs "
             "backprop, and decodes wait for the end of backprop (tf_mergecomp/step_model.py).",
             ("codecs.*.collective: one collective of a %d-rank Horovod job over loopback: "
              "this host's share of it (Gloo's reduction and copies), added to the "
-             "network's cost" % processes) if processes > 1 else
+             "network's cost, less the loopback's own transfer at "
+             "horovod.probe_link_bytes_per_s where measured" % processes) if processes > 1 else
             ("codecs.*.collective: the cost of one collective on Horovod of size 1 (no bytes "
              "moved): this host's per-collective overhead, added to the network's cost."),
             "quick run (fewer probe layouts and repeats)" if quick else "full probe",
         ],
     }
+    if loopback and loopback.get("delivered_bytes_per_s"):
+        profile["horovod"]["probe_link_bytes_per_s"] = loopback["delivered_bytes_per_s"]
     profile.update(measured)
     to_plain_step(profile)
     log("[profile] %s: %d tensors, step %.3f s, backprop ends at %.3f s, %d codecs, %.0f s"
         % (model_name, len(profile["tensors"]["sizes"]), profile["compute"]["step_s"],
            profile["compute"]["ready_s"][-1], len(profile["codecs"]), profile["recording_s"]))
     return validate(profile)
+
+
+def _check_loopback(processes, pin_cores, log):
+    """What the probe's ring over loopback delivers each way (``link_check`` on
+    the ranks' cores): the probe's collectives moved their bytes at that rate,
+    and the simulator takes that transfer out of the host's share of a
+    collective (step_model.NetworkGroupCosts). A failed check is recorded and
+    the profile goes on, its collectives' host share then kept whole."""
+    from tf_mergecomp.bench import link_check, worker
+
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        check = link_check.measure(
+            link_check.Loopback(processes), link_check.NOMINAL_UNSHAPED_BYTES_PER_S,
+            cores_of=(lambda rank: worker.own_cores(rank, processes, cores)) if pin_cores
+            else None)
+    except (RuntimeError, OSError) as error:
+        check = {"error": str(error)}
+    if check.get("error"):
+        log("[profile] loopback not measured (%s): the collectives' host share is kept whole"
+            % check["error"])
+    else:
+        check["nominal_bytes_per_s"] = None
+        log("[profile] loopback: " + link_check.describe(check))
+    return check
 
 
 def _run_children(command, processes, timeout_s, model_name, pin_cores=False):

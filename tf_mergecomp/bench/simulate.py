@@ -112,6 +112,9 @@ class Simulation:
         self.codecs = profile["codecs"]
         # The ranks the exchange probe ran on (profile.py, --processes).
         self.probe_workers = int(horovod.get("probe_workers", 1))
+        # What the probe's loopback ring delivered each way (profiles recorded
+        # since it is measured): its transfer is taken out of the host's share.
+        self.probe_link = horovod.get("probe_link_bytes_per_s")
 
     # ---- cost functions ----------------------------------------------------
     def codec_fit(self, name, without=()):
@@ -133,7 +136,8 @@ class Simulation:
         return step_model.NetworkGroupCosts(
             self.codec_fit(name), self.wire(name), kind, network,
             calls=int(codec.get("collectives_per_group", 1)),
-            decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers)
+            decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers,
+            probe_link=self.probe_link)
 
     def collective_cpu(self, name, network):
         """(``host_cpu(lo, hi)``, seconds per pass) of the codec's collectives: the
@@ -186,7 +190,7 @@ class Simulation:
         wire = self.wire(name)
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
         costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
-                                           self.probe_workers)
+                                           self.probe_workers, self.probe_link)
         model = self.model(costs, name, network)
         # Which tensors a pass fuses depends on where the ticks fall, and that
         # on the step the fusion makes: a few rounds find both.

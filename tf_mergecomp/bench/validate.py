@@ -24,6 +24,12 @@ Two predictions per row:
 
 Error = simulated / measured - 1. The cluster run's repeated configs (the
 "(repeat)" rows: the same config measured twice) give the run's own noise.
+
+A third comparison leaves compute out: each config's gradient exchange timed
+alone (the cluster's "exchange ms": the same exchange on fixed tensors, no
+forward or backward pass) against the simulator's step with every gradient
+ready at once and nothing else to compute (``exchange_profile``): the
+network, Horovod's cycle and fusion and the codecs, without backprop's noise.
 """
 
 import json
@@ -69,6 +75,18 @@ def scaled_profile(profile, local_step_s):
     return dict(profile, compute=compute, codecs=codecs)
 
 
+def exchange_profile(profile):
+    """The profile with nothing to compute: every gradient ready at the step's
+    start, no tail. Its simulated step is the exchange timed alone."""
+    compute = dict(profile["compute"])
+    for key in ("forward_s", "backward_s", "optimizer_s", "step_s", "tail_s",
+                "one_group_step_s"):
+        if key in compute:
+            compute[key] = 0.0
+    compute["ready_s"] = [0.0] * len(compute["ready_s"])
+    return dict(profile, compute=compute)
+
+
 def _predict(simulation, network, row):
     config = row["config"]
     if config["kind"] == "horovod":
@@ -112,6 +130,7 @@ def compare(cluster_runs, profiles, latency=None, links="delivered"):
             simulations = {"profile": simulate.Simulation(profile, cycle_s),
                            "run compute": simulate.Simulation(scaled_profile(profile, run_compute),
                                                               cycle_s)}
+            exchange = simulate.Simulation(exchange_profile(profile), cycle_s)
             network = NetworkCosts(group["workers"], per_second,
                                    simulate.DEFAULT_LATENCY_S if latency is None else latency)
             measured = {r["label"]: r for r in group["rows"]}
@@ -135,12 +154,16 @@ def compare(cluster_runs, profiles, latency=None, links="delivered"):
                     seconds = _predict(simulation, network, row)
                     entry[name] = seconds
                     entry[name + " error"] = seconds / row["step_s"] - 1.0
+                if row.get("exchange_s"):
+                    entry["exchange_measured_s"] = row["exchange_s"]
+                    entry["exchange"] = _predict(exchange, network, row)
+                    entry["exchange error"] = entry["exchange"] / row["exchange_s"] - 1.0
                 rows.append(entry)
     return rows
 
 
 def summary(rows, key):
-    errors = [abs(r[key + " error"]) for r in rows]
+    errors = [abs(r[key + " error"]) for r in rows if key + " error" in r]
     if not errors:
         return None
     return {"median_abs_error": float(np.median(errors)), "max_abs_error": float(max(errors)),
@@ -157,11 +180,15 @@ def _network_text(row):
 def table(rows):
     lines = [report.markdown_table(
         ["model", "network", "config", "groups", "measured s", "repeat s",
-         "simulated s (profile)", "error", "simulated s (run compute)", "error"],
+         "simulated s (profile)", "error", "simulated s (run compute)", "error",
+         "exchange alone ms: measured", "simulated", "error"],
         [[r["model"], _network_text(r), r["label"],
           "-" if r["groups"] is None else str(r["groups"]), r["measured_s"], r["repeat_s"],
           r["profile"], "%+.0f%%" % (100 * r["profile error"]), r["run compute"],
-          "%+.0f%%" % (100 * r["run compute error"])] for r in rows])]
+          "%+.0f%%" % (100 * r["run compute error"])]
+         + (["%.1f" % (1e3 * r["exchange_measured_s"]), "%.1f" % (1e3 * r["exchange"]),
+             "%+.0f%%" % (100 * r["exchange error"])] if "exchange" in r else ["-"] * 3)
+         for r in rows])]
     for key in ("profile", "run compute"):
         s = summary(rows, key)
         if s:
@@ -172,6 +199,12 @@ def table(rows):
                              100 * s["max_abs_error"],
                              "met" if s["max_abs_error"] <= 0.25 else "missed",
                              s["within_25"], s["rows"]))
+    s = summary(rows, "exchange")
+    if s:
+        lines.append("\nexchange alone (no compute: the network, Horovod and the codecs): median "
+                     "|error| %.0f%%, max %.0f%%, %d of %d rows within 25%%" % (
+                         100 * s["median_abs_error"], 100 * s["max_abs_error"], s["within_25"],
+                         s["rows"]))
     noise = [abs(r["repeat_s"] / r["measured_s"] - 1) for r in rows if r["repeat_s"]]
     if noise:
         lines.append("\nThe runs' own noise, the same config measured twice: median %.0f%%, "
@@ -188,6 +221,7 @@ def run(cluster_paths, profile_specs, latency=None, links="delivered"):
             raise ValueError("--profiles takes MODEL=PATH pairs, got %r" % spec)
         profiles[model] = load(path)
     rows = compare([load_cluster(p) for p in cluster_paths], profiles, latency, links)
-    return {"rows": rows, "summary": {k: summary(rows, k) for k in ("profile", "run compute")},
+    return {"rows": rows, "summary": {k: summary(rows, k)
+                                      for k in ("profile", "run compute", "exchange")},
             "clusters": list(cluster_paths), "profiles": list(profile_specs), "links": links,
             "latency_s": simulate.DEFAULT_LATENCY_S if latency is None else latency}
