@@ -705,7 +705,9 @@ class NetworkGroupCosts:
     decode reads W payloads; measured on ``probe_workers`` it read that many).
     ``probe_workers`` > 1: the codec's collective part was measured on that
     many ranks, its per-element term being the host's share of the collective
-    (``NetworkCosts.host_scale`` scales it to W workers).
+    (``NetworkCosts.host_scale`` scales it to W workers); ``probe_link``, the
+    bytes per second each way the probe's own ring delivered, takes the probe's
+    transfer out of that share (``_host_share``).
     """
 
     def __init__(self, codec, wire, kind, network, calls=1, decode_rows=False,
@@ -797,7 +799,8 @@ def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,
 class FusedGroupCosts:
     """Costs of groups fused by Horovod (``horovod_fusion_layout``): per group,
     the per-tensor codec costs summed (Horovod casts tensor by tensor), and
-    one collective of the group's bytes."""
+    one collective of the group's bytes (``probe_workers`` and ``probe_link``
+    as in NetworkGroupCosts)."""
 
     def __init__(self, codec, wire, kind, network, probe_workers=1, probe_link=None):
         check_collective(kind)
