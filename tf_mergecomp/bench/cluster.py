@@ -270,17 +270,9 @@ def check_links(cluster, args):
     """What the cluster's links deliver (``link_check``), each worker's side on
     its rank's cores when the ranks keep to theirs. A check that fails is
     reported and the run goes on (the configs' own errors say more)."""
-    workers = len(cluster.namespaces)
-    cores = sorted(os.sched_getaffinity(0))
     unshaped = netns.check_rate(args.bandwidth) is None
     nominal = NOMINAL_UNSHAPED_BYTES_PER_S if unshaped else netns.rate_bytes_per_s(args.bandwidth)
-    try:
-        check = link_check.measure(
-            cluster, nominal,
-            cores_of=(lambda rank: worker.own_cores(rank, workers, cores)) if args.pin_cores
-            else None)
-    except (RuntimeError, OSError) as error:
-        check = {"error": str(error)}
+    check = link_check.measure_on_rank_cores(cluster, nominal, args.pin_cores)
     if unshaped:
         check["nominal_bytes_per_s"] = None
     print("[cluster]   " + link_check.describe(check), flush=True)

@@ -161,6 +161,22 @@ def measure(cluster, nominal_bytes_per_s, cores_of=None, repeats=REPEATS, timeou
             "links_bytes_per_s": rings, "bytes_per_link": nbytes, "workers": workers}
 
 
+def measure_on_rank_cores(cluster, nominal_bytes_per_s, pin_cores):
+    """``measure``, each worker's side on its rank's share of this process's
+    cores when the ranks keep to theirs (``worker.own_cores``); a check that
+    fails gives ``{"error": ...}`` instead, for the caller to report and go on."""
+    from tf_mergecomp.bench import worker
+
+    workers = len(cluster.namespaces)
+    cores = sorted(os.sched_getaffinity(0))
+    try:
+        return measure(cluster, nominal_bytes_per_s,
+                       cores_of=(lambda rank: worker.own_cores(rank, workers, cores))
+                       if pin_cores else None)
+    except (RuntimeError, OSError) as error:
+        return {"error": str(error)}
+
+
 def describe(check):
     if check.get("error"):
         return "Links: not measured (%s); collectives priced at the nominal rate" % check["error"]

@@ -517,16 +517,10 @@ def _check_loopback(processes, pin_cores, log):
     and the simulator takes that transfer out of the host's share of a
     collective (step_model.NetworkGroupCosts). A failed check is recorded and
     the profile goes on, its collectives' host share then kept whole."""
-    from tf_mergecomp.bench import link_check, worker
+    from tf_mergecomp.bench import link_check
 
-    cores = sorted(os.sched_getaffinity(0))
-    try:
-        check = link_check.measure(
-            link_check.Loopback(processes), link_check.NOMINAL_UNSHAPED_BYTES_PER_S,
-            cores_of=(lambda rank: worker.own_cores(rank, processes, cores)) if pin_cores
-            else None)
-    except (RuntimeError, OSError) as error:
-        check = {"error": str(error)}
+    check = link_check.measure_on_rank_cores(
+        link_check.Loopback(processes), link_check.NOMINAL_UNSHAPED_BYTES_PER_S, pin_cores)
     if check.get("error"):
         log("[profile] loopback not measured (%s): the collectives' host share is kept whole"
             % check["error"])
