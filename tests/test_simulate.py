@@ -10,7 +10,7 @@ import pytest
 
 from tf_mergecomp import step_model
 from tf_mergecomp.bench import profile as profile_module
-from tf_mergecomp.bench import simulate, worker
+from tf_mergecomp.bench import netns, simulate, worker
 from tf_mergecomp.bench.__main__ import main
 from tf_mergecomp.step_model import (FusedGroupCosts, LinearGroupCosts, NetworkCosts,
                                      NetworkGroupCosts, StepTimeModel, WireBytes,
@@ -133,6 +133,23 @@ def test_the_probes_own_transfer_is_replaced_by_the_networks():
                                  probe_link=probe_link)(0, 2)[1]
         scale = network.host_scale("allreduce", probe_workers)
         assert kept == pytest.approx(2e-4 + scale * 200e-6 + network.allreduce(200.0))
+
+
+def test_the_simulation_reads_the_probes_loopback_from_the_profiles_link_check():
+    profile = tiny_profile()
+    profile["horovod"]["probe_workers"] = 2
+    profile["codecs"]["none"]["collective"]["per_element_s"] = 4e-9
+    network = step_model.NetworkCosts(2, 10e9 / 8)
+    steps = {}
+    for label, check in (("unmeasured", None), ("failed", {"error": "no namespaces"}),
+                         ("measured", {"delivered_bytes_per_s": 1e9, "workers": 2})):
+        if check is not None:
+            profile["probe_link"] = check
+        steps[label] = simulate.Simulation(profile).horovod("fp32", network)[1]
+    assert steps["failed"] == steps["unmeasured"]
+    # 4 ns of host work per element, 4 bytes each at 1e9 bytes/s: the probe's whole
+    # per-byte share was its transfer, and the step is that much shorter
+    assert steps["measured"] < steps["unmeasured"]
 
 
 def test_horovod_fusion_groups_by_cycle_and_buffer():
@@ -274,9 +291,24 @@ def test_wire_model_matches_the_codecs_payload():
 # ---- the simulate command -----------------------------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [("1gbit", 1.25e8), ("400mbit", 5e7),
-                                            ("12.5GB/s", 12.5e9)])
-def test_bandwidths(text, expected):
+                                            ("12.5GB/s", 12.5e9), ("100Gb/s", 12.5e9),
+                                            ("2gbps", 2e9)])
+def test_bandwidths_read_as_the_cluster_benchmark_reads_them(text, expected):
+    # A --bandwidth the cluster benchmark shapes with tc means the same rate here.
     assert simulate.parse_bandwidth(text)[1] == pytest.approx(expected)
+    if "/" not in text:
+        assert simulate.parse_bandwidth(text)[1] == netns.rate_bytes_per_s(text)
+
+
+@pytest.mark.parametrize("text", ["none", "10 furlongs", "5G/s"])
+def test_bandwidths_that_are_no_rate(text):
+    with pytest.raises(ValueError, match="tc rate"):
+        simulate.parse_bandwidth(text)
+
+
+def test_a_zero_bandwidth_is_refused():
+    with pytest.raises(ValueError, match="not positive"):
+        simulate.parse_bandwidth("0gbit")
 
 
 def test_bad_bandwidth_names_the_forms_and_the_profiles_networks():
@@ -417,8 +449,6 @@ def test_validate_compares_each_measured_config_with_its_simulation():
 
 
 def test_tc_rates_read_as_tc_reads_them():
-    from tf_mergecomp.bench import netns
-
     assert netns.rate_bytes_per_s("1gbit") == 1.25e8
     assert netns.rate_bytes_per_s("100mbit") == 1.25e7
     assert netns.rate_bytes_per_s("2gbps") == 2e9  # tc's bps are bytes
@@ -473,8 +503,7 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     assert profile["horovod"]["probe_workers"] == 2
     # what the probe's loopback ring delivered, each rank's side on its own cores
     assert profile["probe_link"]["workers"] == 2
-    assert profile["horovod"]["probe_link_bytes_per_s"] == \
-        profile["probe_link"]["delivered_bytes_per_s"] > 1e7
+    assert profile["probe_link"]["delivered_bytes_per_s"] > 1e7
     # each rank on its own share of the cores, as the cluster benchmark's ranks
     cores = sorted(os.sched_getaffinity(0))
     assert profile["host"]["pin_cores"] is True

@@ -198,8 +198,9 @@ def build_parser():
     sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS),
                      help="comma-separated worker counts (default 2,8,64,256)")
     sim.add_argument("--bandwidth", type=_csv(str), default=list(simulate_bench.DEFAULT_BANDWIDTHS),
-                     help="comma-separated link rates (1gbit, 400mbit, 12.5GB/s) or networks "
-                          "named in the profile (default 1gbit,10gbit,100gbit)")
+                     help="comma-separated link rates as cluster --bandwidth takes them (1gbit, "
+                          "400mbit), rates per second (12.5GB/s, 100Gb/s) or networks named in "
+                          "the profile (default 1gbit,10gbit,100gbit)")
     sim.add_argument("--latency", default=None,
                      help="seconds per ring step (25us, 0.1ms); default: the profile network's, "
                           "else 25us")

@@ -41,7 +41,7 @@ profile records N as ``horovod.probe_workers``; the simulator scales those
 per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
 The loopback's own transfer is in them too: the profile measures what the
 ranks' loopback ring delivers (``link_check``, every rank sending to the next
-at once on its own cores) and records it as ``horovod.probe_link_bytes_per_s``,
+at once on its own cores) and records the check as ``probe_link``,
 and the simulator takes that transfer out, the simulated network's taking its
 place (on a host whose cores move the bytes, loopback is no faster than the
 shaped links, and added to them the transfer counted twice). Each rank
@@ -495,14 +495,12 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
             ("codecs.*.collective: one collective of a %d-rank Horovod job over loopback: "
              "this host's share of it (Gloo's reduction and copies), added to the "
              "network's cost, less the loopback's own transfer at "
-             "horovod.probe_link_bytes_per_s where measured" % processes) if processes > 1 else
+             "probe_link.delivered_bytes_per_s where measured" % processes) if processes > 1 else
             ("codecs.*.collective: the cost of one collective on Horovod of size 1 (no bytes "
              "moved): this host's per-collective overhead, added to the network's cost."),
             "quick run (fewer probe layouts and repeats)" if quick else "full probe",
         ],
     }
-    if loopback and loopback.get("delivered_bytes_per_s"):
-        profile["horovod"]["probe_link_bytes_per_s"] = loopback["delivered_bytes_per_s"]
     profile.update(measured)
     to_plain_step(profile)
     log("[profile] %s: %d tensors, step %.3f s, backprop ends at %.3f s, %d codecs, %.0f s"

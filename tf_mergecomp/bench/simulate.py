@@ -36,7 +36,7 @@ import numpy as np
 
 from tf_mergecomp import search as search_core
 from tf_mergecomp import step_model
-from tf_mergecomp.bench import report
+from tf_mergecomp.bench import netns, report
 from tf_mergecomp.bench.profile import codec_coefficients
 
 DEFAULT_WORKERS = (2, 8, 64, 256)
@@ -49,25 +49,33 @@ FUSION_ROUNDS = 4
 HOROVOD_CONFIGS = ("horovod fp32", "horovod fp16")
 MODES = ("layer-wise", "one group", "searched", "best <= 3")
 
-_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 def parse_bandwidth(text, networks=None):
-    """(label, bytes per second, default latency or None) of '10gbit', '400mbit',
-    '12.5GB/s' or the name of a network of the profile."""
+    """(label, bytes per second, default latency or None) of a tc rate as the cluster
+    benchmark's --bandwidth takes it ('10gbit', '400mbit'; tc's 'gbps' are bytes), a rate
+    per second with its unit spelled out ('12.5GB/s' bytes, '100Gb/s' bits) or the name of a
+    network of the profile."""
     text = text.strip()
     if networks and text in networks:
         network = networks[text]
         return text, float(network["bandwidth_bytes_per_s"]), float(network["latency_s"])
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|b/s|bps|B/s|byte/s)", text,
-                         re.IGNORECASE)
-    if not match:
+    per_second = None
+    spelled_out = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)(B|b)/s", text)
+    if spelled_out:
+        number, prefix, unit = spelled_out.groups()
+        per_second = float(number) * _PREFIXES[prefix.lower()] / (8.0 if unit == "b" else 1.0)
+    elif text.lower() != "none":
+        try:
+            per_second = netns.rate_bytes_per_s(text)
+        except ValueError:
+            pass
+    if per_second is None:
         names = ", ".join(sorted(networks)) if networks else "none in this profile"
-        raise ValueError("bandwidth %r: expected e.g. 1gbit, 400mbit, 12.5GB/s, or a network "
-                         "named in the profile (%s)" % (text, names))
-    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    unit = match.group(3)
-    per_second = value / 8.0 if unit.lower() in ("bit", "bps", "b/s") and unit != "B/s" else value
+        raise ValueError("bandwidth %r: expected a tc rate (1gbit, 400mbit), a rate per second "
+                         "(12.5GB/s, 100Gb/s) or a network named in the profile (%s)"
+                         % (text, names))
     if per_second <= 0:
         raise ValueError("bandwidth %r is not positive" % text)
     return text, per_second, None
@@ -113,8 +121,9 @@ class Simulation:
         # The ranks the exchange probe ran on (profile.py, --processes).
         self.probe_workers = int(horovod.get("probe_workers", 1))
         # What the probe's loopback ring delivered each way (profiles recorded
-        # since it is measured): its transfer is taken out of the host's share.
-        self.probe_link = horovod.get("probe_link_bytes_per_s")
+        # since it is measured; a failed check has none): its transfer is taken
+        # out of the host's share.
+        self.probe_link = (profile.get("probe_link") or {}).get("delivered_bytes_per_s")
 
     # ---- cost functions ----------------------------------------------------
     def codec_fit(self, name, without=()):
