@@ -1,5 +1,6 @@
 """The step-time simulator: the network cost model, profiles, and the simulate command."""
 
+import copy
 import json
 import os
 import subprocess
@@ -150,6 +151,51 @@ def test_the_simulation_reads_the_probes_loopback_from_the_profiles_link_check()
     # 4 ns of host work per element, 4 bytes each at 1e9 bytes/s: the probe's whole
     # per-byte share was its transfer, and the step is that much shorter
     assert steps["measured"] < steps["unmeasured"]
+
+
+def test_the_probes_own_groups_replace_the_fit_where_it_timed_them():
+    """Groups of several tensors the probe timed cost what it timed; single tensors
+    (most of the fit's points, so the fit is their summary) and unprobed groups, and
+    every collective, what the fit says."""
+    profile = tiny_profile()
+    profile["placement"]["codec_on_compute"] = True  # the encodes are on the step's path
+    n = len(profile["tensors"]["sizes"])
+    network = step_model.NetworkCosts(2, 10e9 / 8)
+    fitted = simulate.Simulation(profile)
+    fit = fitted.codec_group_costs("topk")
+    profile = copy.deepcopy(profile)
+    profile["codecs"]["topk"]["probed"] = {
+        "bounds": [[0, n], [0, 1]],
+        "encode_s": [float(fit(0, n)[0]) / 10, 1.0],
+        "decode_s": [float(fit(0, n)[2]) / 10, 1.0]}
+    probed = simulate.Simulation(profile_module.validate(profile))
+    costs = probed.codec_group_costs("topk")
+    assert [float(p) for p in costs(0, n)] == pytest.approx(
+        [float(fit(0, n)[0]) / 10, float(fit(0, n)[1]), float(fit(0, n)[2]) / 10])
+    for lo, hi in ((0, 1), (1, n)):
+        assert [float(p) for p in costs(lo, hi)] == pytest.approx([float(p) for p in fit(lo, hi)])
+    old = fitted.codec_configs("topk", network, search=False)[0]
+    new = probed.codec_configs("topk", network, search=False)[0]
+    assert new["one group"][1] < old["one group"][1]
+    assert new["layer-wise"][1] == pytest.approx(old["layer-wise"][1])
+    # the network's share is unchanged: the collective's per-byte host part is the fit's
+    plain = step_model.NetworkGroupCosts(fitted.codec_fit("topk"), fitted.wire("topk"),
+                                         "allgather", network, probe_workers=2, probe_link=1e9)
+    over = step_model.NetworkGroupCosts(costs, fitted.wire("topk"), "allgather", network,
+                                        probe_workers=2, probe_link=1e9)
+    assert float(over(0, n)[1]) == pytest.approx(float(plain(0, n)[1]))
+
+
+@pytest.mark.parametrize("probed, complaint", [
+    ({"bounds": [[0, 99]], "encode_s": [1e-3], "decode_s": [1e-3]}, "lo < hi <= 12"),
+    ({"bounds": [[0, 12]], "encode_s": [1e-3], "decode_s": []}, "decode_s needs 1"),
+    ({"bounds": [[0, 12]], "encode_s": [-1.0], "decode_s": [1e-3]}, "non-negative"),
+])
+def test_a_profiles_probed_groups_are_checked(probed, complaint):
+    profile = tiny_profile()
+    profile["codecs"]["topk"]["probed"] = probed
+    with pytest.raises(ValueError, match=complaint):
+        profile_module.validate(profile)
 
 
 def test_horovod_fusion_groups_by_cycle_and_buffer():
@@ -510,6 +556,12 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     assert profile["host"]["rank_cores"] == [worker.own_cores(rank, 2, cores) for rank in (0, 1)]
     assert profile["tensors"]["sizes"] == [3, 48, 16, 256, 16, 192]  # backprop order
     assert profile["codecs"]["efsignsgd"]["collective_op"] == "allgather"
+    # each codec keeps the groups its probe timed: one group, the quick run's 4, each tensor
+    n = len(profile["tensors"]["sizes"])
+    for codec in profile["codecs"].values():
+        bounds = codec["probed"]["bounds"]
+        assert [0, n] in bounds and all([i, i + 1] in bounds for i in range(n))
+        assert len(codec["probed"]["encode_s"]) == len(bounds)
     # a real 2-rank collective costs this host something (how the fit splits it between
     # the fixed, per-element and per-tensor terms varies from run to run)
     collective = profile["codecs"]["fp16"]["collective"]

@@ -763,7 +763,9 @@ def _probe_network(probe_workers, probe_link):
 
 def _per_element_part(codec, part, lo, hi):
     """The per-element term of one part (0 encode, 1 collective, 2 decode) of a
-    LinearGroupCosts for groups [lo, hi); 0 for cost functions without one."""
+    LinearGroupCosts for groups [lo, hi) (of a MeasuredGroupCosts: its fit's);
+    0 for cost functions without one."""
+    codec = getattr(codec, "fitted", codec)
     coefficients = getattr(codec, "coefficients", None)
     if coefficients is None:
         return 0.0
