@@ -416,8 +416,8 @@ def measure(model_name, codecs, quick, batch_size=32):
 def _probed_groups(groups, seconds):
     """{"bounds", "encode_s", "decode_s"} of every group the probe timed (a group
     that several layouts hold: its median). The fit's three terms cannot follow a
-    codec whose cost per element falls with the group's size (top-k's sampled
-    threshold: 2.3 ns an element in one ResNet50 group, 6 in its tensors), and
+    codec whose cost per element falls with the group's size (top-k: 2.3 ns an
+    element in one ResNet50 group, 6 in its tensors), and
     weighs each probed group alike, so 214 tensors outvote one group: the
     simulator takes the probed groups of several tensors as timed."""
     import numpy as np
