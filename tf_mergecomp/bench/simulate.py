@@ -66,8 +66,8 @@ def parse_bandwidth(text, networks=None):
     if spelled_out:
         number, prefix, unit = spelled_out.groups()
         per_second = float(number) * _PREFIXES[prefix.lower()] / (8.0 if unit == "b" else 1.0)
-    elif text.lower() != "none":
-        try:
+    else:
+        try:  # refuses 'none' too: an unshaped link has no rate to simulate
             per_second = netns.rate_bytes_per_s(text)
         except ValueError:
             pass
