@@ -35,7 +35,8 @@ element and per tensor for each part, fitted to measured groups;
 function with that signature can be used: ``NetworkGroupCosts`` adds W
 workers' network (``NetworkCosts``: ring allreduce and allgather with their
 latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
-Horovod's fused per-tensor allreduces (``horovod_fusion_layout``), and
+Horovod's fused per-tensor allreduces (``horovod_fusion_layout``),
+``SerializedExchange`` puts any of them on the compute stream, and
 ``cycle_s`` makes collectives wait for Horovod's background cycle (whose
 passes fuse the collectives they take up: ``pass_fixed_s``), and
 ``steady_state`` times a step as one of many consecutive ones, which the
@@ -771,6 +772,24 @@ def _per_element_part(codec, part, lo, hi):
         return 0.0
     elements = codec.cumulative[np.asarray(hi)] - codec.cumulative[np.asarray(lo)]
     return coefficients[part, 1] * elements
+
+
+class SerializedExchange:
+    """Costs of an exchange that cannot overlap compute: each group's collective is
+    charged to its encode, so that, in a StepTimeModel with ``codec_on_compute``,
+    it runs on the compute stream right after the encode and delays backprop by
+    its whole duration. A hypothesis about a host, not a measurement: a GPU whose
+    collectives hold the SMs or the memory path that backprop needs (the MergeComp
+    paper's PCIe figures are consistent with it: docs/scaling.md, section 4).
+    Wraps any cost function."""
+
+    def __init__(self, costs):
+        self.costs = costs
+
+    def __call__(self, lo, hi):
+        encode, collective, decode = (np.asarray(p, dtype=np.float64)
+                                      for p in self.costs(lo, hi))
+        return encode + collective, np.zeros_like(collective), decode
 
 
 def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,

@@ -219,28 +219,33 @@ def comparison_table(result):
              "%.0f -> %.0f" % (r["sim_layerwise"], r["sim_mergecomp"]), "%+.0f" % r["sim_gain"],
              str(r["sim_groups"]), "%+.0f" % r["gap_layerwise"], "%+.0f" % r["gap_mergecomp"]]
             for r in sorted(result["rows"], key=lambda r: -r["paper_gain"])]
-    rho = result["gain_rank_correlation"]
-    return "%s\n\nHorovod fp32: paper %d%%, simulated %.0f%%. Rank correlation of the gains " \
-           "(Spearman): %s." % (
+    rho = {column: "-" if result[column + "_rank_correlation"] is None
+           else "%.2f" % result[column + "_rank_correlation"]
+           for column in ("gain", "layerwise", "mergecomp")}
+    return "%s\n\nHorovod fp32: paper %d%%, simulated %.0f%%. Rank correlation with the " \
+           "paper (Spearman): gains %s, layer-wise %s, MergeComp %s." % (
                report.markdown_table(["codec", "paper %", "paper gain", "simulated %",
                                       "simulated gain", "searched groups",
                                       "gap layer-wise (points)", "gap MergeComp (points)"], rows),
-               PAPER_PCIE_FP32, result["fp32"], "-" if rho is None else "%.2f" % rho)
+               PAPER_PCIE_FP32, result["fp32"], rho["gain"], rho["layerwise"], rho["mergecomp"])
 
 
 def compare_all(profile):
     """The comparison on PCIe, on NVLink, and on the link rate that gives the paper's
-    fp32 scaling (48%) -- one number fitted, stated as such."""
+    fp32 scaling (48%) -- one number fitted, stated as such -- with the exchange
+    overlapping backprop and, as a hypothesis (``SerializedExchange``), not."""
     networks = profile["networks"]
     latency = networks["pcie3"]["latency_s"]
-    fitted = bandwidth_for_fp32_scaling(profile, PAPER_PCIE_FP32, latency)
-    return {
+    result = {
         "pcie3": compare_with_paper(profile, networks["pcie3"]["bandwidth_bytes_per_s"], latency),
         "nvlink": compare_with_paper(profile, networks["nvlink"]["bandwidth_bytes_per_s"],
                                      latency, PAPER_NVLINK),
-        "fp32_fitted": dict(compare_with_paper(profile, fitted, latency),
-                            bandwidth_bytes_per_s=fitted),
     }
+    for name, overlap in (("fp32_fitted", True), ("fp32_fitted_serialized", False)):
+        fitted = bandwidth_for_fp32_scaling(profile, PAPER_PCIE_FP32, latency, overlap)
+        result[name] = dict(compare_with_paper(profile, fitted, latency, overlap=overlap),
+                            bandwidth_bytes_per_s=fitted)
+    return result
 
 
 def main(argv=None):
@@ -255,15 +260,19 @@ def main(argv=None):
 
     if args.compare:
         result = compare_all(load(args.out))
-        for name, title in (("pcie3", "PCIe 3.0"), ("fp32_fitted", "link rate fitted to the "
-                                                    "paper's fp32 scaling")):
+        for name, title in (
+                ("pcie3", "PCIe 3.0"),
+                ("fp32_fitted", "link rate fitted to the paper's fp32 scaling"),
+                ("fp32_fitted_serialized", "link rate fitted to the paper's fp32 scaling, "
+                                           "the exchange not overlapping backprop")):
             print("\n%s:\n\n%s" % (title, comparison_table(result[name])))
         nvlink = result["nvlink"]["rows"][0]
         print("\nNVLink fp16: paper %d -> %d, simulated %.0f -> %.0f"
               % (nvlink["paper_layerwise"], nvlink["paper_mergecomp"], nvlink["sim_layerwise"],
                  nvlink["sim_mergecomp"]))
-        print("fitted link rate: %.2f GB/s" % (result["fp32_fitted"]["bandwidth_bytes_per_s"]
-                                                / 1e9))
+        print("fitted link rate: %.2f GB/s overlapping, %.2f GB/s not"
+              % (result["fp32_fitted"]["bandwidth_bytes_per_s"] / 1e9,
+                 result["fp32_fitted_serialized"]["bandwidth_bytes_per_s"] / 1e9))
         with open(args.compare, "w") as f:
             json.dump(result, f, indent=1)
         return 0
@@ -309,14 +318,15 @@ def spearman(a, b):
     return float((ra * rb).sum() / np.sqrt((ra * ra).sum() * (rb * rb).sum()))
 
 
-def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None):
+def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None, overlap=True):
     """Per codec: the paper's layer-wise and MergeComp scaling factors (%) and the
-    simulator's (layer-wise, searched) on 2 workers, with the gaps in points."""
+    simulator's (layer-wise, searched) on 2 workers, with the gaps in points;
+    ``overlap`` as in ``Simulation``."""
     from tf_mergecomp.bench.simulate import Simulation
     from tf_mergecomp.step_model import NetworkCosts
 
     figures = figures or PAPER_PCIE
-    simulation = Simulation(profile)
+    simulation = Simulation(profile, overlap=overlap)
     network = NetworkCosts(2, bandwidth_bytes_per_s, latency_s)
     local = simulation.local_step
     rows = []
@@ -330,20 +340,23 @@ def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None):
                      "sim_groups": len(results["searched"][0]) + 1,
                      "gap_layerwise": sim_lw - paper_lw, "gap_mergecomp": sim_mc - paper_mc})
     fp32 = 100 * local / simulation.horovod("fp32", network)[1]
-    return {"rows": rows, "fp32": fp32,
-            "gain_rank_correlation": spearman([r["paper_gain"] for r in rows],
-                                              [r["sim_gain"] for r in rows])}
+    result = {"rows": rows, "fp32": fp32}
+    for column in ("gain", "layerwise", "mergecomp"):
+        result["%s_rank_correlation" % column] = spearman(
+            [r["paper_" + column] for r in rows], [r["sim_" + column] for r in rows])
+    return result
 
 
-def bandwidth_for_fp32_scaling(profile, target_percent, latency_s, low=1e7, high=1e12):
+def bandwidth_for_fp32_scaling(profile, target_percent, latency_s, overlap=True, low=1e7,
+                               high=1e12):
     """The link rate at which the simulated Horovod fp32 scaling factor on 2 workers
-    is ``target_percent`` (bisection in log space)."""
+    is ``target_percent`` (bisection in log space); ``overlap`` as in ``Simulation``."""
     import math
 
     from tf_mergecomp.bench.simulate import Simulation
     from tf_mergecomp.step_model import NetworkCosts
 
-    simulation = Simulation(profile)
+    simulation = Simulation(profile, overlap=overlap)
 
     def scaling(rate):
         step = simulation.horovod("fp32", NetworkCosts(2, rate, latency_s))[1]

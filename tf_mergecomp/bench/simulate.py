@@ -93,8 +93,11 @@ def parse_latency(text):
 class Simulation:
     """The step-time model of one profile, for any network."""
 
-    def __init__(self, profile, cycle_s=None):
-        """``cycle_s``: Horovod's cycle of the simulated run, if not the profile's."""
+    def __init__(self, profile, cycle_s=None, overlap=True):
+        """``cycle_s``: Horovod's cycle of the simulated run, if not the profile's.
+        ``overlap=False``: the exchange cannot overlap compute (every collective
+        delays backprop: ``step_model.SerializedExchange``); for a profile whose
+        codec runs on the compute stream."""
         self.profile = profile
         tensors = profile["tensors"]
         self.sizes = np.asarray(tensors["sizes"], dtype=np.float64)
@@ -105,6 +108,11 @@ class Simulation:
         self.local_step = float(compute["step_s"])
         placement = profile["placement"]
         self.codec_on_compute = bool(placement["codec_on_compute"])
+        if not overlap and not self.codec_on_compute:
+            raise ValueError("overlap=False puts the collectives on the compute stream, which "
+                             "this profile's codec does not run on (placement.codec_on_compute "
+                             "is false)")
+        self.overlap = bool(overlap)
         self.decodes_after_backprop = bool(placement["decodes_after_backprop"])
         horovod = profile["horovod"]
         # The probe's collectives waited the profile's cycle; the run waits its own.
@@ -160,11 +168,14 @@ class Simulation:
     def codec_costs(self, name, network):
         codec = self.codecs[name]
         kind = codec["collective_op"]
-        return step_model.NetworkGroupCosts(
+        return self._exchange(step_model.NetworkGroupCosts(
             self.codec_group_costs(name), self.wire(name), kind, network,
             calls=int(codec.get("collectives_per_group", 1)),
             decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers,
-            probe_link=self.probe_link)
+            probe_link=self.probe_link))
+
+    def _exchange(self, costs):
+        return costs if self.overlap else step_model.SerializedExchange(costs)
 
     def collective_cpu(self, name, network):
         """(``host_cpu(lo, hi)``, seconds per pass) of the codec's collectives: the
@@ -216,8 +227,8 @@ class Simulation:
             fit = step_model.LinearGroupCosts(self.sizes, coefficients)
         wire = self.wire(name)
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
-        costs = step_model.FusedGroupCosts(fit, wire, step_model.ALLREDUCE, network,
-                                           self.probe_workers, self.probe_link)
+        costs = self._exchange(step_model.FusedGroupCosts(
+            fit, wire, step_model.ALLREDUCE, network, self.probe_workers, self.probe_link))
         model = self.model(costs, name, network)
         # Which tensors a pass fuses depends on where the ticks fall, and that
         # on the step the fusion makes: a few rounds find both.
