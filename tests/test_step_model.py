@@ -221,6 +221,24 @@ def test_fit_recovers_linear_costs_and_measured_groups_override():
     assert [p[0, 0] for p in parts] == [1.0, 2.0, 3.0]
     assert parts[0][0, 1] == pytest.approx(truth(25, 50)[0])
 
+    # Some parts measured: the others are the fit's, for that group too.
+    encode_only = MeasuredGroupCosts(fitted, {(0, 25): (1.0, 3.0)}, parts=("encode", "decode"))
+    parts = encode_only(np.array([0, 25]), np.array([25, 50]))
+    assert [p[0] for p in parts] == pytest.approx([1.0, truth(0, 25)[1], 3.0])
+    assert [p[1] for p in parts] == pytest.approx(list(truth(25, 50)))
+
+
+@pytest.mark.parametrize("parts, measured, message", [
+    (("encode", "network"), (1.0, 2.0), "among encode, collective, decode"),
+    (("encode", "encode"), (1.0, 2.0), "distinct"),
+    ((), (), "distinct"),
+    (("encode", "decode"), (1.0, 2.0, 3.0), "needs 2 seconds"),
+])
+def test_measured_parts_are_checked(parts, measured, message):
+    fitted = LinearGroupCosts([10, 20], np.zeros((3, 3)))
+    with pytest.raises(ValueError, match=message):
+        MeasuredGroupCosts(fitted, {(0, 2): measured}, parts=parts)
+
 
 def test_fit_keeps_coefficients_non_negative():
     groups = [(0, 1), (1, 2), (0, 2)]

@@ -141,16 +141,28 @@ def _nonnegative_least_squares(a, b):
 class MeasuredGroupCosts:
     """Measured groups' own costs where known, a fitted cost function elsewhere.
 
-    measured: {(lo, hi): (encode, collective, decode)}.
+    measured: {(lo, hi): seconds of ``parts``}; parts: which of encode,
+    collective and decode those seconds are, in that order (default all three);
+    the other parts of a measured group come from the fit.
     """
 
-    def __init__(self, fitted, measured):
+    def __init__(self, fitted, measured, parts=LinearGroupCosts.PARTS):
+        unknown = [p for p in parts if p not in LinearGroupCosts.PARTS]
+        if unknown or not parts or len(set(parts)) != len(parts):
+            raise ValueError("parts must be distinct names among %s, got %r"
+                             % (", ".join(LinearGroupCosts.PARTS), tuple(parts)))
         self.fitted = fitted
+        self.parts = tuple(parts)
+        self._columns = [LinearGroupCosts.PARTS.index(p) for p in parts]
         self.measured = {(int(lo), int(hi)): tuple(float(v) for v in value)
                          for (lo, hi), value in measured.items()}
+        if any(len(v) != len(parts) for v in self.measured.values()):
+            raise ValueError("each measured group needs %d seconds (%s)"
+                             % (len(parts), ", ".join(parts)))
         keys = sorted(self.measured)
         self._keys = np.array([_group_key(lo, hi) for lo, hi in keys], dtype=np.int64)
-        self._values = np.array([self.measured[k] for k in keys], dtype=np.float64).reshape(-1, 3)
+        self._values = np.array([self.measured[k] for k in keys],
+                                dtype=np.float64).reshape(-1, len(parts))
 
     def __call__(self, lo, hi):
         lo = np.asarray(lo)
@@ -162,8 +174,8 @@ class MeasuredGroupCosts:
             query = _group_key(lo, hi)
             index = np.minimum(np.searchsorted(self._keys, query), len(self._keys) - 1)
             found = self._keys[index] == query
-            for part in range(3):
-                parts[part][found] = self._values[index[found], part]
+            for value, part in enumerate(self._columns):
+                parts[part][found] = self._values[index[found], value]
         return tuple(parts)
 
 

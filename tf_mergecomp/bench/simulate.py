@@ -148,17 +148,17 @@ class Simulation:
         group as measured. Single tensors keep the fit: they are most of its points,
         so it is their summary, where their own timings carry the probe's per-group
         overhead (taken one by one they priced the transformer's layer-wise exchange
-        up to 65% slow against 44% by the fit: docs/scaling.md, section 3)."""
+        up to 65% slow against 44% by the fit: docs/scaling.md, section 3). The
+        collective stays the fit's: the network model replaces its transfer."""
         fit = self.codec_fit(name)
         probed = self.codecs[name].get("probed")
         if not probed or not probed["bounds"]:
             return fit
-        bounds = np.asarray(probed["bounds"], dtype=np.int64).reshape(-1, 2)
-        collective = fit(bounds[:, 0], bounds[:, 1])[1]
+        bounds = np.asarray(probed["bounds"], dtype=np.int64).reshape(-1, 2).tolist()
         return step_model.MeasuredGroupCosts(fit, {
-            (lo, hi): (encode, shared, decode) for (lo, hi), encode, shared, decode
-            in zip(bounds.tolist(), probed["encode_s"], collective, probed["decode_s"])
-            if hi - lo > 1})
+            (lo, hi): (encode, decode) for (lo, hi), encode, decode
+            in zip(bounds, probed["encode_s"], probed["decode_s"]) if hi - lo > 1},
+            parts=("encode", "decode"))
 
     def wire(self, name):
         wire = self.codecs[name]["wire"]
