@@ -119,15 +119,23 @@ def gapped_grads(rank, step, shapes, dtypes):
     return grads
 
 
+LARGE_GROUPS = {
+    "mixed": ([(300, 700), (70_000,), (5,), (90_000,), (40, 100), (1500,)],
+              [tf.float32, tf.float16, tf.float32, tf.float32, tf.float32, tf.bfloat16]),
+    # top-k samples its threshold from 32768 elements on, 1024 samples up to 131072
+    "one 40k tensor": ([(200, 200)], [tf.float32]),
+}
+
+
 @pytest.mark.parametrize("name", ["topk", "dgc", "randomk"])
 @pytest.mark.parametrize("make", [make_grads, gapped_grads], ids=["t3", "gapped"])
-def test_large_sparse_group_matches_the_plain_tf_group(name, make):
+@pytest.mark.parametrize("group", sorted(LARGE_GROUPS))
+def test_large_sparse_group_matches_the_plain_tf_group(name, make, group):
     """Groups large enough for the one-pass selections (a sampled threshold,
     then compare and collect; random-k's keys above a computed threshold),
     default ratios: bit for bit as the plain-TF path, over several steps.
     Random-k collects above the threshold from 1024 elements of a tensor on."""
-    shapes = [(300, 700), (70_000,), (5,), (90_000,), (40, 100), (1500,)]
-    dtypes = [tf.float32, tf.float16, tf.float32, tf.float32, tf.float32, tf.bfloat16]
+    shapes, dtypes = LARGE_GROUPS[group]
     runs = []
     for backend in ("op", "reference"):
         mergecomps = [MergeComp(compressors.get(name, backend=backend), partitions=1)

@@ -242,10 +242,18 @@ void VisitRuns(OpKernelContext* context, const SparseGroupInput& input,
   });
 }
 
-// Elements sampled for the top-k threshold, and the margin (in standard
-// deviations of the sampled count) by which the threshold undershoots the
-// k-th largest so that the one pass collects at least k candidates.
-constexpr int64_t kTopkSample = 16384;
+// Elements sampled for the top-k threshold: n / kTopkSampleStride of them,
+// within [kTopkMinSample, kTopkMaxSample], for groups of at least
+// kTopkSampledGroup elements; and the margin (in standard deviations of the
+// sampled count) by which the threshold undershoots the k-th largest so that
+// the one pass collects at least k candidates. Each sample is a compensated
+// value read on its own, about 50 ns here: a fixed 16384 of them cost a
+// tensor of 131072 to 1M elements more than the exact select they were to
+// save (docs/benchmarks.md, "Top-k's sample").
+constexpr int64_t kTopkSampleStride = 128;
+constexpr int64_t kTopkMinSample = 1024;
+constexpr int64_t kTopkMaxSample = 16384;
+constexpr int64_t kTopkSampledGroup = 32 * kTopkMinSample;
 constexpr double kTopkMarginSigmas = 4.0;
 
 }  // namespace
@@ -262,19 +270,27 @@ Status EncodeGroupTopk(OpKernelContext* context, const SparseGroupInput& input, 
   // selection starts looking, never what it selects.
   uint32_t threshold_key = 0;
   double expected_fraction = 0.0;
-  if (n >= 8 * kTopkSample) {
-    const double expected = static_cast<double>(k) * kTopkSample / static_cast<double>(n);
+  // A multiple of 4: the sample is drawn in 4 chunks.
+  const int64_t sample_size =
+      std::min(kTopkMaxSample, std::max(kTopkMinSample, n / kTopkSampleStride)) / 4 * 4;
+  if (n >= kTopkSampledGroup) {
+    const double expected = static_cast<double>(k) * sample_size / static_cast<double>(n);
     const int64_t rank = static_cast<int64_t>(
         std::ceil(expected + kTopkMarginSigmas * std::sqrt(expected) + 16.0));
-    if (rank < kTopkSample / 4) {
+    if (rank < sample_size / 4) {
       const SeedKey sample_key = MakeSeedKey(0x70b4);
-      std::vector<uint32_t> sample(kTopkSample);
-      constexpr int64_t kChunk = kTopkSample / 4;
-      ForEachBlock(context, 4, 200 * kChunk, [&](int64_t chunk) {
-        for (int64_t j = chunk * kChunk; j < (chunk + 1) * kChunk; ++j) {
+      std::vector<uint32_t> sample(sample_size);
+      const int64_t chunk_size = sample_size / 4;
+      // Stratified: one position drawn in each of sample_size equal strata, so
+      // that the reads go through the group in order (no worse an estimate of
+      // the threshold than positions drawn anywhere).
+      ForEachBlock(context, 4, 200 * chunk_size, [&](int64_t chunk) {
+        for (int64_t j = chunk * chunk_size; j < (chunk + 1) * chunk_size; ++j) {
+          const int64_t stratum_begin = j * n / sample_size;
+          const int64_t stratum = (j + 1) * n / sample_size - stratum_begin;
           const uint64_t bits = RandomBits(sample_key, static_cast<uint32_t>(j));
-          const int64_t position =
-              static_cast<int64_t>((bits * static_cast<uint64_t>(n)) >> 32);
+          const int64_t position = stratum_begin + static_cast<int64_t>(
+              (bits * static_cast<uint64_t>(stratum)) >> 32);
           sample[j] = sparse::MagnitudeKey(compensate ? input.ValueBefore(position)
                                                       : input.ValueAt(position));
         }
@@ -282,7 +298,7 @@ Status EncodeGroupTopk(OpKernelContext* context, const SparseGroupInput& input, 
       std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
                        std::greater<uint32_t>());
       threshold_key = sample[rank - 1];
-      expected_fraction = static_cast<double>(rank) / kTopkSample;
+      expected_fraction = static_cast<double>(rank) / sample_size;
     }
   }
   if (threshold_key > 0) {
