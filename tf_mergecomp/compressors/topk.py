@@ -22,11 +22,11 @@ W gathered payloads in one pass). The plain-TF reference uses tf.math.top_k on
 the magnitudes and tensor_scatter_nd_add; both give identical bytes.
 In a merged group (the "topk" codec of MergecompGroupEncode) the selection
 reads the compensated values where the memory left them, with no copy of the
-group: a threshold taken from a sample of the values, sized by the group (before the
-compensation pass) lets that one pass collect a few more than k candidates,
-and the exact k largest are chosen among them; only when fewer than k are
-collected does the radix select over the whole group decide. The sample
-changes the work, never the result.
+group: a threshold taken from a sample of the values, sized by the group
+(before the compensation pass), lets that one pass collect a few more than k
+candidates, and the exact k largest are chosen among them; only when fewer
+than k are collected does the radix select over the whole group decide. The
+sample changes the work, never the result.
 """
 
 import tensorflow as tf
