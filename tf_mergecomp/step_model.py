@@ -152,7 +152,6 @@ class MeasuredGroupCosts:
             raise ValueError("parts must be distinct names among %s, got %r"
                              % (", ".join(LinearGroupCosts.PARTS), tuple(parts)))
         self.fitted = fitted
-        self.parts = tuple(parts)
         self._columns = [LinearGroupCosts.PARTS.index(p) for p in parts]
         self.measured = {(int(lo), int(hi)): tuple(float(v) for v in value)
                          for (lo, hi), value in measured.items()}

@@ -270,10 +270,10 @@ Status EncodeGroupTopk(OpKernelContext* context, const SparseGroupInput& input, 
   // selection starts looking, never what it selects.
   uint32_t threshold_key = 0;
   double expected_fraction = 0.0;
-  // A multiple of 4: the sample is drawn in 4 chunks.
-  const int64_t sample_size =
-      std::min(kTopkMaxSample, std::max(kTopkMinSample, n / kTopkSampleStride)) / 4 * 4;
   if (n >= kTopkSampledGroup) {
+    // A multiple of 4: the sample is drawn in 4 chunks.
+    const int64_t sample_size =
+        std::min(kTopkMaxSample, std::max(kTopkMinSample, n / kTopkSampleStride)) / 4 * 4;
     const double expected = static_cast<double>(k) * sample_size / static_cast<double>(n);
     const int64_t rank = static_cast<int64_t>(
         std::ceil(expected + kTopkMarginSigmas * std::sqrt(expected) + 16.0));
