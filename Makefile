@@ -100,7 +100,7 @@ test: setup build
 	$(PY) -m pytest tests -q
 
 bench: setup build
-	$(PY) -m tf_mergecomp.bench ops
+	$(PY) -m benchmarks ops
 
 # Needs no venv and no TensorFlow: the system python3 (GPU_PYTHON) with CuPy.
 # The benchmark runs even when a check fails; the target fails if either does.

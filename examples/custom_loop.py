@@ -31,7 +31,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from tf_mergecomp import MergeComp, compressors  # noqa: E402
-from tf_mergecomp.search_driver import PartitionSearchDriver  # noqa: E402
+from tf_mergecomp.search import PartitionSearchDriver  # noqa: E402
 
 
 def main():

@@ -9,7 +9,7 @@ with CUDA events (median of --repeats after --warmup), and reports GB/s of
 input gradient bytes next to device-to-device copy bandwidth measured in the
 same run (before and after the codecs, so its drift shows); the encode alone
 is timed too (``encode_ms``), so that the simulator's GPU profile
-(tf_mergecomp/bench/gpu_profile.py) can price encode and decode apart. Writes
+(benchmarks/gpu_profile.py) can price encode and decode apart. Writes
 gpu_codecs.json (and .md) to --out, default $OUT when set.
 
     python3 -m gpu_check.bench                  # the full run (CuPy + a GPU)

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tf_mergecomp.bench import cluster, models, netns, ops, report
-from tf_mergecomp.bench.__main__ import apply_quick, build_parser
+from benchmarks import cluster, models, netns, ops, report
+from benchmarks.__main__ import apply_quick, build_parser
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,7 +44,7 @@ def test_bad_arguments_exit_with_usage_error(argv, capsys):
 
 
 def test_restart_takes_one_algorithm(capsys):
-    from tf_mergecomp.bench.__main__ import main
+    from benchmarks.__main__ import main
 
     assert main(["restart", "--algorithm", "fp16,topk"]) == 2
     assert "one algorithm" in capsys.readouterr().err
@@ -123,7 +123,7 @@ def test_batches_bound_each_process_and_repeat_one_config():
 
 
 def test_rounds_rotate_the_config_order():
-    from tf_mergecomp.bench import worker
+    from benchmarks import worker
 
     slots = ["a", "b", "c"]
     assert [worker.rotated(slots, r) for r in range(4)] == [
@@ -215,7 +215,7 @@ def test_turn_means_and_how_far_the_rounds_agree_on_a_ratio():
 
 
 def test_each_rank_keeps_to_its_own_cores():
-    from tf_mergecomp.bench import worker
+    from benchmarks import worker
 
     assert worker.own_cores(0, 2, {1, 0}) == [0] and worker.own_cores(1, 2, [0, 1]) == [1]
     assert worker.own_cores(1, 2, [0, 1, 2, 3]) == [2, 3]
@@ -226,7 +226,7 @@ def test_each_rank_keeps_to_its_own_cores():
     # In a process of its own, with a thread started before the pinning.
     script = (
         "import os, threading\n"
-        "from tf_mergecomp.bench import worker\n"
+        "from benchmarks import worker\n"
         "event = threading.Event(); thread = threading.Thread(target=event.wait); thread.start()\n"
         "cores = worker.pin_to_own_cores()\n"
         "print(cores, sorted({tuple(sorted(os.sched_getaffinity(int(t))))\n"
@@ -455,7 +455,7 @@ def test_two_namespace_cluster_is_shaped_and_removed():
 
 @needs_netns
 def test_link_check_measures_every_link_of_the_ring_below_its_rate():
-    from tf_mergecomp.bench import link_check
+    from benchmarks import link_check
 
     with netns.VirtualCluster(3, bandwidth="200mbit", tag="l") as virtual:
         check = link_check.measure(virtual, 25e6, cores_of=lambda rank: [0], repeats=2,
@@ -484,7 +484,7 @@ def test_link_check_measures_every_link_of_the_ring_below_its_rate():
 
 
 def test_link_check_on_loopback_as_the_profiles_probe_runs():
-    from tf_mergecomp.bench import link_check
+    from benchmarks import link_check
 
     loopback = link_check.Loopback(3)
     assert loopback.addresses == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
@@ -498,7 +498,7 @@ def test_link_check_on_loopback_as_the_profiles_probe_runs():
 
 
 def test_a_failed_or_unshaped_link_check_is_reported_not_fatal(monkeypatch):
-    from tf_mergecomp.bench import link_check, validate
+    from benchmarks import link_check, validate
 
     class TwoWorkers:
         namespaces = ["a", "b"]
@@ -548,7 +548,7 @@ def test_stale_cluster_of_a_dead_process_is_cleaned_up():
 def test_sigterm_removes_the_cluster():
     script = (
         "import sys, time\n"
-        "from tf_mergecomp.bench import netns\n"
+        "from benchmarks import netns\n"
         "with netns.terminate_cleanly():\n"
         "    with netns.VirtualCluster(2, tag='s') as c:\n"
         "        print(c.prefix, flush=True)\n"
@@ -569,7 +569,7 @@ def test_sigterm_removes_the_cluster():
 
 
 def test_parity_trains_the_main_jobs_model_and_data():
-    from tf_mergecomp.bench import parity
+    from benchmarks import parity
 
     main_job = parity._main_job()
     (x_train, y_train), (x_test, y_test) = main_job.load_data(rank=1, size=2)
@@ -579,7 +579,7 @@ def test_parity_trains_the_main_jobs_model_and_data():
 
 
 def test_exchange_sweep_sets_split_the_bytes_evenly():
-    from tf_mergecomp.bench import exchange
+    from benchmarks import exchange
 
     assert exchange.equal_split_sizes(10, 4) == [3, 3, 2, 2]
     sets = exchange.gradient_sets([1, 1024], 16.0, ["vgg16"])
@@ -593,7 +593,7 @@ def test_exchange_sweep_sets_split_the_bytes_evenly():
 
 
 def test_exchange_summary_and_targets():
-    from tf_mergecomp.bench import exchange
+    from benchmarks import exchange
 
     def row(count, one_s, layerwise_s=(0.9, 1.0, 1.2)):
         seconds = {"layerwise": list(layerwise_s), "one": [one_s] * 3}
@@ -621,8 +621,8 @@ def test_exchange_summary_and_targets():
 
 def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
     """The --quick path end to end: a child process per (gradient set, algorithm)."""
-    from tf_mergecomp.bench import exchange
-    from tf_mergecomp.bench.__main__ import main
+    from benchmarks import exchange
+    from benchmarks.__main__ import main
 
     assert main(["exchange", "--quick", "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
@@ -653,7 +653,7 @@ def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
 
 
 def test_report_of_an_earlier_run_is_rewritten_from_its_json(tmp_path, capsys):
-    from tf_mergecomp.bench.__main__ import main
+    from benchmarks.__main__ import main
 
     source = os.path.join(REPO, "docs", "scaling", "cluster_runs", "transformer_1gbit.json")
     with open(source) as f:
@@ -700,7 +700,7 @@ def test_an_algorithms_configs_train_one_model_each_in_its_partition(tmp_path):
             "result_path": str(tmp_path / "rank{rank}.json"),
             "search_params": {"max_groups": 2, "verbose": 0}}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    horovodrun.run("tf_mergecomp/bench/worker.py", args=[tmp_path / "spec.json"], timeout=400)
+    horovodrun.run("benchmarks/worker.py", args=[tmp_path / "spec.json"], timeout=400)
     output = json.loads((tmp_path / "rank0.json").read_text())
     results = {r["label"]: r for r in output["results"]}
     assert list(results) == [c["label"] for c in configs]  # the plan's order, set up owner first

@@ -201,22 +201,22 @@ class _FakeHorovod:
 ])
 def test_horovod_is_restarted_only_where_the_restart_rebuilds_everything(fake, env, reason,
                                                                          monkeypatch):
-    from tf_mergecomp import communication
+    from tf_mergecomp.search import restart as horovod_restart
 
-    monkeypatch.setattr(communication, "_process_set_count", lambda: 1)
+    monkeypatch.setattr(horovod_restart, "_process_set_count", lambda: 1)
     launch = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_CACHE_CAPACITY": "1024"}
-    assert communication.restart_blocker(_FakeHorovod(), launch) is None
+    assert horovod_restart.restart_blocker(_FakeHorovod(), launch) is None
     launch.update(env)
     launch = {k: v for k, v in launch.items() if v is not None}
-    assert reason in communication.restart_blocker(fake, launch)
+    assert reason in horovod_restart.restart_blocker(fake, launch)
     # Unknown process sets (Horovod lists them only privately): no restart.
-    monkeypatch.setattr(communication, "_process_set_count", lambda: -1)
-    assert "process sets" in communication.restart_blocker(_FakeHorovod(), {
+    monkeypatch.setattr(horovod_restart, "_process_set_count", lambda: -1)
+    assert "process sets" in horovod_restart.restart_blocker(_FakeHorovod(), {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
 
 
 def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():
-    from tf_mergecomp.search_driver import MAX_TURN_FACTOR, steps_per_turn
+    from tf_mergecomp.search.driver import MAX_TURN_FACTOR, steps_per_turn
 
     assert steps_per_turn(0.020, 3, 0.0) == 3  # off
     assert steps_per_turn(0.250, 3, 0.2) == 3  # 3 steps already last 0.75 s
@@ -230,7 +230,7 @@ def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():
 @pytest.mark.parametrize("value", [-0.1, float("inf"), "0.2", True, None])
 def test_a_bad_min_turn_seconds_is_refused_at_construction(value):
     from tf_mergecomp import MergeComp
-    from tf_mergecomp.search_driver import PartitionSearchDriver
+    from tf_mergecomp.search.driver import PartitionSearchDriver
 
     with pytest.raises(ValueError, match="min_turn_seconds"):
         PartitionSearchDriver(MergeComp("fp16"), min_turn_seconds=value)

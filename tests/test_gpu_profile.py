@@ -1,13 +1,13 @@
-"""gpu-check's measured codec costs become a simulator profile (tf_mergecomp/bench/gpu_profile.py)."""
+"""gpu-check's measured codec costs become a simulator profile (benchmarks/gpu_profile.py)."""
 
 import json
 import os
 
 import pytest
 
-from tf_mergecomp.bench import gpu_profile
-from tf_mergecomp.bench import profile as profile_module
-from tf_mergecomp.bench import simulate
+from benchmarks import gpu_profile
+from benchmarks import profile as profile_module
+from benchmarks import simulate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER = os.path.join(REPO, "docs", "profiles", "resnet50_2xv100_paper.json")

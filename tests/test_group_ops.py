@@ -16,7 +16,6 @@ import tensorflow as tf
 
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import MergeComp, compressors
-from tf_mergecomp.mergecomp import _Layout
 
 FUSED = tuple(n for n in compressors.NAMES if compressors.get(n).group_codec is not None)
 SHAPES = [(3, 5), (), (0,), (17,), (2, 3, 4), (1,), (1000,), (33, 8)]
@@ -46,12 +45,11 @@ def run_group(mergecomps, world, steps, shapes=SHAPES, dtypes=DTYPES, make=make_
         def one_rank(rank, comm):
             mc = mergecomps[rank]
             grads = make(rank, step, shapes, dtypes)
-            mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-            state = mc._state_variables()
-            out, _ = mc._reduce_group(0, 0, grads, state, tf.constant(step, tf.int64), comm)
+            mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+            out, _ = mc.reduce_group(grads, comm, tf.constant(step, tf.int64))
             return [o.numpy() for o in out]
         history.append(world.run(one_rank))
-    states = [[v.numpy() for v in mc._state_variables()] for mc in mergecomps]
+    states = [[v.numpy() for v in mc.state_variables()] for mc in mergecomps]
     return history, states
 
 
@@ -158,13 +156,11 @@ def test_randomk_merged_draws_what_each_tensor_draws_alone():
 
     def reduce_with(partitions):
         mc = MergeComp("randomk", partitions=partitions, ratio=0.2)
-        mc._set_layout(_Layout([g.shape for g in grads], dtypes))
-        state = mc._state_variables()
+        mc.set_gradient_layout([g.shape for g in grads], dtypes)
         out = []
         for index, (start, end) in enumerate(_bounds(mc.splits, len(grads))):
-            out += FakeWorld(1).run(lambda rank, comm: mc._reduce_group(
-                index, start, grads[start:end], state[start:end], tf.constant(5, tf.int64),
-                comm)[0])[0]
+            out += FakeWorld(1).run(lambda rank, comm: mc.reduce_group(
+                grads[start:end], comm, tf.constant(5, tf.int64), start=start, index=index)[0])[0]
         return [o.numpy() for o in out]
 
     merged, layerwise = reduce_with(1), reduce_with("layerwise")
@@ -186,12 +182,12 @@ def _traced_op_count(name, tensors):
     mc = engine(name, "op")
     world = FakeWorld(1)
     comm = world.communicator(0)
-    mc._set_layout(_Layout([tf.TensorShape(s) for s in shapes], [tf.float32] * tensors))
-    state = mc._state_variables()
+    mc.set_gradient_layout([tf.TensorShape(s) for s in shapes], [tf.float32] * tensors)
+    mc.state_variables()  # created here, outside the traced group
 
     @tf.function
     def group(grads):
-        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)[0]
+        return mc.reduce_group(grads, comm, tf.constant(0, tf.int64))[0]
 
     specs = [tf.TensorSpec(s, tf.float32) for s in shapes]
     return len(group.get_concrete_function(specs).graph.get_operations())

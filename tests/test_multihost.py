@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tf_mergecomp.bench import launcher, netns, sshd
+from benchmarks import launcher, netns, sshd
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ needs_sshd = pytest.mark.skipif(not sshd.available()[0],
 def test_main_job_trains_across_namespaces_under_horovodrun_over_ssh():
     home_ssh = os.path.expanduser("~/.ssh")
     had_home_ssh = os.path.exists(home_ssh)
-    command = [sys.executable, "-m", "tf_mergecomp.bench.launcher", "--launcher", "horovodrun",
+    command = [sys.executable, "-m", "benchmarks.launcher", "--launcher", "horovodrun",
                "--workers", "2", "--timeout", "420", "examples/train_digits.py", "--epochs", "3",
                "--no-search"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=540,

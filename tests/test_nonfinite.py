@@ -17,7 +17,6 @@ import tensorflow as tf
 from tests._fake_comm import FakeWorld
 from tests.test_group_ops import DTYPES, PARAMS, SHAPES, engine, make_grads, run_group
 from tf_mergecomp import MergeComp, compressors
-from tf_mergecomp.mergecomp import _Layout
 
 POISONED = {0: (1, float("nan")), 1: (4, float("inf"))}  # rank: (tensor, value)
 SIZES = [int(np.prod(s)) for s in SHAPES]
@@ -40,9 +39,9 @@ def reduce_steps(mergecomps, world, steps):
         def one_rank(rank, comm):
             mc = mergecomps[rank]
             grads = poisoned_grads(rank, step)
-            mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-            state = mc._state_variables()
-            outputs, flags = mc._reduce_group(0, 0, grads, state, tf.constant(step, tf.int64), comm)
+            mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+            state = mc.state_variables()
+            outputs, flags = mc.reduce_group(grads, comm, tf.constant(step, tf.int64))
             return ([o.numpy().astype(np.float64) for o in outputs], flags.numpy(),
                     [v.numpy().copy() for v in state])
         history.append(world.run(one_rank))
@@ -57,8 +56,8 @@ def warmed_up(name, backend):
         def one_rank(rank, comm):
             grads = make_grads(rank, step)
             mc = mergecomps[rank]
-            mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-            mc._reduce_group(0, 0, grads, mc._state_variables(), tf.constant(step, tf.int64), comm)
+            mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+            mc.reduce_group(grads, comm, tf.constant(step, tf.int64))
         world.run(one_rank)
     return mergecomps, world
 
@@ -69,7 +68,7 @@ def test_nonfinite_tensors_come_out_nan_everywhere_and_leave_the_state_alone(nam
     if name == "powersgd":
         pytest.skip("PowerSGD's own test below")
     mergecomps, world = warmed_up(name, backend)
-    before = [[v.numpy().copy() for v in mc._state_variables()] for mc in mergecomps]
+    before = [[v.numpy().copy() for v in mc.state_variables()] for mc in mergecomps]
     (step0, step1) = reduce_steps(mergecomps, world, 2)
     marked = sorted(index for index, _ in POISONED.values())
     for rank in range(2):
@@ -99,7 +98,7 @@ def test_a_finite_worker_keeps_its_update_and_the_fused_path_matches_the_referen
     results = {}
     for backend in ("op", "reference"):
         mergecomps, world = warmed_up(name, backend)
-        before = [[v.numpy().copy() for v in mc._state_variables()] for mc in mergecomps]
+        before = [[v.numpy().copy() for v in mc.state_variables()] for mc in mergecomps]
 
         def one_rank(rank, comm):
             grads = make_grads(rank, 0)
@@ -108,9 +107,8 @@ def test_a_finite_worker_keeps_its_update_and_the_fused_path_matches_the_referen
                 values[3] = np.nan
                 grads[6] = tf.constant(values, dtype=grads[6].dtype)
             mc = mergecomps[rank]
-            outputs, flags = mc._reduce_group(0, 0, grads, mc._state_variables(),
-                                              tf.constant(9, tf.int64), comm)
-            return [o.numpy() for o in outputs], flags.numpy(), [v.numpy() for v in mc._state_variables()]
+            outputs, flags = mc.reduce_group(grads, comm, tf.constant(9, tf.int64))
+            return [o.numpy() for o in outputs], flags.numpy(), [v.numpy() for v in mc.state_variables()]
         after = world.run(one_rank)
         for old, new in zip(before[0], after[0][2]):
             np.testing.assert_array_equal(old, new)
@@ -177,10 +175,9 @@ def test_powersgd_keeps_q_and_residual_of_a_nonfinite_tensor_on_every_worker(bac
                 values[1, 1, 0] = np.inf
                 grads[2] = tf.constant(values)
             mc = mergecomps[rank]
-            mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-            outputs, flags = mc._reduce_group(0, 0, grads, mc._state_variables(),
-                                              tf.constant(0, tf.int64), comm)
-            return [o.numpy() for o in outputs], flags.numpy(), [v.numpy().copy() for v in mc._state_variables()]
+            mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+            outputs, flags = mc.reduce_group(grads, comm, tf.constant(0, tf.int64))
+            return [o.numpy() for o in outputs], flags.numpy(), [v.numpy().copy() for v in mc.state_variables()]
         return world.run(one_rank)
 
     warm = step(False)
@@ -246,7 +243,7 @@ def test_the_check_finds_one_nonfinite_value_at_any_position_of_any_dtype(dtype)
     sizes = [1, 7, 129, 300]
     mergecomp = MergeComp("fp16", partitions=1)
     shapes = [(n,) for n in sizes]
-    mergecomp._set_layout(_Layout(shapes, [dtype] * len(shapes)))
+    mergecomp.set_gradient_layout(shapes, [dtype] * len(shapes))
     world = FakeWorld(1)
 
     def flags_with(poisoned, position, value):
@@ -256,7 +253,7 @@ def test_the_check_finds_one_nonfinite_value_at_any_position_of_any_dtype(dtype)
         tensors = [tf.constant(g, dtype=dtype) for g in grads]
 
         def one_rank(rank, comm):
-            _, flags = mergecomp._reduce_group(0, 0, tensors, [], tf.constant(0, tf.int64), comm)
+            _, flags = mergecomp.reduce_group(tensors, comm, tf.constant(0, tf.int64))
             return flags.numpy().tolist()
         return world.run(one_rank)[0]
 

@@ -13,7 +13,6 @@ import tensorflow as tf
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import MergeComp, compressors, grouping
 from tf_mergecomp.compressors.powersgd import matrix_view, reference_orthonormalize
-from tf_mergecomp.mergecomp import _Layout
 
 # A conv kernel, a dense kernel, a bias, a scalar, empty tensors, and matrices
 # in float16 and float64.
@@ -41,15 +40,14 @@ def run_steps(mergecomps, world, steps, grads_fn=make_grads, first_step=0):
         def one_rank(rank, comm):
             mc = mergecomps[rank]
             grads = grads_fn(rank, step)
-            mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-            state = mc._state_variables()
+            mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
             out = []
             for index, (start, end) in enumerate(grouping.group_bounds(mc.splits, len(grads))):
-                out += mc._reduce_group(index, start, grads[start:end], state[start:end],
-                                        tf.constant(step, tf.int64), comm)[0]
+                out += mc.reduce_group(grads[start:end], comm, tf.constant(step, tf.int64),
+                                        start=start, index=index)[0]
             return [o.numpy() for o in out]
         history.append(world.run(one_rank))
-    states = [[v.numpy() for v in mc._state_variables()] for mc in mergecomps]
+    states = [[v.numpy() for v in mc.state_variables()] for mc in mergecomps]
     return history, states
 
 
@@ -90,8 +88,8 @@ def test_state_layout_is_residual_then_q():
     codec = compressors.get("powersgd", rank=2)
     mc = MergeComp(codec, partitions=1)
     grads = make_grads(0, 0)
-    mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-    state = mc._state_variables()
+    mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+    state = mc.state_variables()
     for i, (shape, variable) in enumerate(zip(SHAPES, state)):
         n = int(np.prod(shape))
         view = matrix_view(shape, 2)
@@ -104,8 +102,8 @@ def test_state_layout_is_residual_then_q():
     assert matrix_view((7,), 2) is None and matrix_view((0, 5), 2) is None
     # memory="none": Q only.
     bare = MergeComp("powersgd", memory="none", partitions=1, rank=2)
-    bare._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-    assert [v.shape[0] for v in bare._state_variables()] == [
+    bare.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+    assert [v.shape[0] for v in bare.state_variables()] == [
         v.shape[0] - int(np.prod(s)) for v, s in zip(state, SHAPES)]
 
 
@@ -266,13 +264,13 @@ def test_other_memories_run_the_plain_tf_path():
 def test_state_checkpoints_and_runs_in_tf_function(tmp_path):
     mc = engines(1)[0]
     grads = make_grads(0, 0)
-    mc._set_layout(_Layout([g.shape for g in grads], [g.dtype for g in grads]))
-    state = mc._state_variables()
+    mc.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+    state = mc.state_variables()
     comm = FakeWorld(1).communicator(0)
 
     @tf.function
     def step(grads):
-        return mc._reduce_group(0, 0, grads, state, tf.constant(0, tf.int64), comm)[0]
+        return mc.reduce_group(grads, comm, tf.constant(0, tf.int64))[0]
 
     first = step(grads)
     step(grads)

@@ -129,10 +129,8 @@ def test_elastic_grow_from_one_rank_to_two(tmp_path):
 def _traced_layout(mc, shapes):
     import tensorflow as tf
 
-    from tf_mergecomp.mergecomp import _Layout
-
-    mc._set_layout(_Layout([tf.TensorShape(s) for s in shapes], [tf.float32] * len(shapes)))
-    return mc._state_variables()
+    mc.set_gradient_layout([tf.TensorShape(s) for s in shapes], [tf.float32] * len(shapes))
+    return mc.state_variables()
 
 
 def test_reset_state_gives_the_initial_state_powersgd_q_included():
@@ -166,7 +164,7 @@ def test_rank_state_file_round_trip_and_refusal_of_other_settings(tmp_path):
     for i, v in enumerate(state):
         v.assign(np.arange(v.shape[0], dtype=np.float32) + i)
     mc.step.assign(11)
-    written = rank_state.write(mc, tmp_path / "ckpt-3", rank=1, world_size=4)
+    written = mc.rank_state.write(tmp_path / "ckpt-3", rank=1, world_size=4)
     assert written.endswith("ckpt-3.mergecomp-rank1-of-4") and os.path.exists(written)
     assert rank_state.read(tmp_path / "ckpt-3", 0, 4) is None
     assert rank_state.world_sizes_saved(tmp_path / "ckpt-3") == [4]
@@ -175,11 +173,11 @@ def test_rank_state_file_round_trip_and_refusal_of_other_settings(tmp_path):
 
     other = MergeComp("dgc", ratio=0.5)
     other_state = _traced_layout(other, shapes)
-    rank_state._load(other, saved)
+    other.rank_state.load(saved)
     for a, b in zip(state, other_state):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
     different = MergeComp("dgc", ratio=0.5)
     _traced_layout(different, [(4, 3), (8,)])
     with pytest.raises(ValueError, match="another model or other MergeComp settings"):
-        rank_state._load(different, saved)
+        different.rank_state.load(saved)

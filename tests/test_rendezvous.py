@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 
 from tests import horovodrun
-from tf_mergecomp import communication, rendezvous
+from tf_mergecomp import rendezvous
+from tf_mergecomp.search import restart as horovod_restart
 
 # Two ranks on one host: the scopes a Gloo init uses.
 PLACEMENTS = [("localhost", 0), ("localhost", 1)]
@@ -90,16 +91,16 @@ def test_restart_is_refused_when_the_server_keeps_or_loses_the_addresses(server,
     host, port = server.split(":")
     environ = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": host, "HOROVOD_GLOO_RENDEZVOUS_PORT": port}
     _init_leaving_local_stale(server)
-    assert communication.clear_rendezvous(_FakeRank0(), environ) is None
+    assert horovod_restart.clear_rendezvous(_FakeRank0(), environ) is None
     assert not rendezvous.scope_is_stale(server, "local_localhost")
     # A server that counts no report empties nothing: no restart, saying why.
     monkeypatch.setattr(rendezvous, "_REPORT_KEY", "x")
     monkeypatch.setattr(rendezvous, "_request", _ignoring_reports(rendezvous._request))
     _init_leaving_local_stale(server)
-    problem = communication.clear_rendezvous(_FakeRank0(), environ)
+    problem = horovod_restart.clear_rendezvous(_FakeRank0(), environ)
     assert "kept the old addresses in scope local_localhost" in problem
     environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = "1"  # nothing listens there
-    assert "did not answer" in communication.clear_rendezvous(_FakeRank0(), environ)
+    assert "did not answer" in horovod_restart.clear_rendezvous(_FakeRank0(), environ)
 
 
 def _ignoring_reports(request):

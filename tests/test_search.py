@@ -1,6 +1,6 @@
 """The partition search against the exhaustive optimum of synthetic pipelined systems.
 
-Each synthetic system is a pipelined step (tf_mergecomp/step_model.py: backprop
+Each synthetic system is a pipelined step (tf_mergecomp/search/step_model.py: backprop
 releasing gradients, codec and network streams) whose true group costs the
 search never sees: a fixed cost, a cost per element and per tensor, a random
 extra cost per tensor, and cache and latency effects that no straight line
@@ -17,11 +17,10 @@ import random
 import numpy as np
 import pytest
 
-from tf_mergecomp import search as search_module
 from tf_mergecomp.grouping import layerwise_splits
-from tf_mergecomp.search import (PartitionSearchAlgorithm, Probe, Profile, ProfileResult, Time,
+from tf_mergecomp.search.algorithm import (PartitionSearchAlgorithm, Probe, Profile, ProfileResult, Time,
                                  Warm, best_layouts, run_search)
-from tf_mergecomp.step_model import StepTimeModel, exhaustive_best
+from tf_mergecomp.search.step_model import StepTimeModel, exhaustive_best
 
 STEPS_PER_ROUND = 3  # a confirm round's time is the median of this many noisy steps
 
@@ -400,7 +399,3 @@ def test_probe_answers_must_match_the_layouts():
 def test_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PartitionSearchAlgorithm(**kwargs)
-
-
-def test_old_name_is_an_alias():
-    assert search_module.PartitionSearcher is PartitionSearchAlgorithm

@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from tf_mergecomp import step_model
-from tf_mergecomp.bench import profile as profile_module
-from tf_mergecomp.bench import netns, simulate, worker
-from tf_mergecomp.bench.__main__ import main
-from tf_mergecomp.step_model import (FusedGroupCosts, LinearGroupCosts, NetworkCosts,
-                                     NetworkGroupCosts, StepTimeModel, WireBytes,
-                                     horovod_fusion_layout)
+from benchmarks import network_model
+from benchmarks import profile as profile_module
+from benchmarks import netns, simulate, worker
+from benchmarks.__main__ import main
+from tf_mergecomp.search.step_model import LinearGroupCosts, StepTimeModel
+from benchmarks.network_model import (FusedGroupCosts, NetworkCosts, NetworkGroupCosts, WireBytes,
+                                       horovod_fusion_layout)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,7 +140,7 @@ def test_the_simulation_reads_the_probes_loopback_from_the_profiles_link_check()
     profile = tiny_profile()
     profile["horovod"]["probe_workers"] = 2
     profile["codecs"]["none"]["collective"]["per_element_s"] = 4e-9
-    network = step_model.NetworkCosts(2, 10e9 / 8)
+    network = network_model.NetworkCosts(2, 10e9 / 8)
     steps = {}
     for label, check in (("unmeasured", None), ("failed", {"error": "no namespaces"}),
                          ("measured", {"delivered_bytes_per_s": 1e9, "workers": 2})):
@@ -160,7 +160,7 @@ def test_the_probes_own_groups_replace_the_fit_where_it_timed_them():
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True  # the encodes are on the step's path
     n = len(profile["tensors"]["sizes"])
-    network = step_model.NetworkCosts(2, 10e9 / 8)
+    network = network_model.NetworkCosts(2, 10e9 / 8)
     fitted = simulate.Simulation(profile)
     fit = fitted.codec_group_costs("topk")
     profile = copy.deepcopy(profile)
@@ -179,9 +179,9 @@ def test_the_probes_own_groups_replace_the_fit_where_it_timed_them():
     assert new["one group"][1] < old["one group"][1]
     assert new["layer-wise"][1] == pytest.approx(old["layer-wise"][1])
     # the network's share is unchanged: the collective's per-byte host part is the fit's
-    plain = step_model.NetworkGroupCosts(fitted.codec_fit("topk"), fitted.wire("topk"),
+    plain = network_model.NetworkGroupCosts(fitted.codec_fit("topk"), fitted.wire("topk"),
                                          "allgather", network, probe_workers=2, probe_link=1e9)
-    over = step_model.NetworkGroupCosts(costs, fitted.wire("topk"), "allgather", network,
+    over = network_model.NetworkGroupCosts(costs, fitted.wire("topk"), "allgather", network,
                                         probe_workers=2, probe_link=1e9)
     assert float(over(0, n)[1]) == pytest.approx(float(plain(0, n)[1]))
 
@@ -273,7 +273,7 @@ def test_a_cpu_hosts_collective_cpu_slows_layerwise_more_than_one_group():
     Horovod's own allreduce (here one per tensor: each is ready in another cycle)."""
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True
-    network = step_model.NetworkCosts(2, 100e9 / 8)
+    network = network_model.NetworkCosts(2, 100e9 / 8)
     before = simulate.Simulation(profile)
     for codec in profile["codecs"].values():
         codec["collective_cpu"] = {"fixed_s": 0.01, "per_element_s": 0.0, "per_tensor_s": 0.0}
@@ -294,9 +294,9 @@ def test_an_exchange_that_cannot_overlap_backprop_delays_it_by_every_collective(
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True
     simulation = simulate.Simulation(profile, cycle_s=0.0)
-    network = step_model.NetworkCosts(2, 1e9 / 8, 25e-6)
+    network = network_model.NetworkCosts(2, 1e9 / 8, 25e-6)
     overlapping = simulation.codec_costs("efsignsgd", network)
-    serialized = step_model.SerializedExchange(overlapping)
+    serialized = network_model.SerializedExchange(overlapping)
     bounds = np.asarray((0,) + splits + (12,))
     parts = sum(np.sum(p) for p in overlapping(bounds[:-1], bounds[1:]))
     tail = profile["compute"]["tail_s"]
@@ -309,9 +309,9 @@ def test_an_exchange_that_cannot_overlap_backprop_delays_it_by_every_collective(
 def test_a_simulation_without_overlap_serializes_every_config():
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True
-    network = step_model.NetworkCosts(2, 1e9 / 8, 25e-6)
+    network = network_model.NetworkCosts(2, 1e9 / 8, 25e-6)
     overlapping, serialized = (simulate.Simulation(profile, overlap=o) for o in (True, False))
-    assert isinstance(serialized.codec_costs("topk", network), step_model.SerializedExchange)
+    assert isinstance(serialized.codec_costs("topk", network), network_model.SerializedExchange)
     assert serialized.horovod("fp32", network)[1] > overlapping.horovod("fp32", network)[1]
     slow, fast = (s.codec_configs("fp16", network, search=False)[0] for s in (serialized,
                                                                              overlapping))
@@ -325,7 +325,7 @@ def test_no_overlap_needs_a_codec_on_the_compute_stream():
 
 
 def test_the_paper_comparison_fits_the_link_to_fp32_with_and_without_overlap():
-    from tf_mergecomp.bench import paper_profile
+    from benchmarks import paper_profile
 
     profile = tiny_profile()
     profile["placement"]["codec_on_compute"] = True
@@ -343,7 +343,7 @@ def test_the_paper_comparison_fits_the_link_to_fp32_with_and_without_overlap():
 
 
 def test_spearman_ranks_ties_by_their_mean():
-    from tf_mergecomp.bench.paper_profile import spearman
+    from benchmarks.paper_profile import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -488,7 +488,7 @@ def test_simulate_command_refuses_bad_input(tmp_path, capsys):
 
 
 def test_validate_compares_each_measured_config_with_its_simulation():
-    from tf_mergecomp.bench import validate
+    from benchmarks import validate
 
     profile = tiny_profile()
     n = len(profile["tensors"]["sizes"])
@@ -570,15 +570,15 @@ def test_tc_rates_read_as_tc_reads_them():
 
 
 def test_horovod_cycle_comes_from_the_environment():
-    assert step_model.horovod_cycle_s({}) == step_model.HOROVOD_CYCLE_S
-    assert step_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": "5"}) == pytest.approx(0.005)
+    assert network_model.horovod_cycle_s({}) == network_model.HOROVOD_CYCLE_S
+    assert network_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": "5"}) == pytest.approx(0.005)
     for bad in ("fast", "0", "-1"):
         with pytest.raises(ValueError, match="HOROVOD_CYCLE_TIME"):
-            step_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": bad})
+            network_model.horovod_cycle_s({"HOROVOD_CYCLE_TIME": bad})
 
 
 def test_profile_arguments(capsys):
-    from tf_mergecomp.bench.__main__ import build_parser
+    from benchmarks.__main__ import build_parser
 
     args = build_parser().parse_args(["profile", "--model", "resnet50", "--quick",
                                       "--processes", "2"])
@@ -605,7 +605,7 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
     profiled = subprocess.run(
-        [sys.executable, "-m", "tf_mergecomp.bench", "profile", "--model",
+        [sys.executable, "-m", "benchmarks", "profile", "--model",
          "tests.workers.tiny_model:build", "--quick", "--codecs", "none,fp16,efsignsgd",
          "--processes", "2", "--timeout", "300", "--out", str(out)],
         cwd=REPO, env=environment, capture_output=True, text=True, timeout=360)
@@ -640,7 +640,7 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
     assert any(c["collective_cpu"]["fixed_s"] + c["collective_cpu"]["per_element_s"] > 0
                for c in profile["codecs"].values())
     simulated = subprocess.run(
-        [sys.executable, "-m", "tf_mergecomp.bench", "simulate", "--profile", str(out),
+        [sys.executable, "-m", "benchmarks", "simulate", "--profile", str(out),
          "--workers", "2,8", "--bandwidth", "1gbit", "--out", str(tmp_path / "sim")],
         cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
     assert simulated.returncode == 0, simulated.stderr[-3000:]

@@ -5,8 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from tf_mergecomp.step_model import (LinearGroupCosts, MeasuredGroupCosts, StepTimeModel,
-                                     exhaustive_best, layouts_with_groups)
+from tf_mergecomp.search.step_model import LinearGroupCosts, MeasuredGroupCosts, StepTimeModel, exhaustive_best, layouts_with_groups
 
 
 def reference_step_time(ready, costs, tail, codec_on_compute, splits, decodes_after_backprop=False):

@@ -1,4 +1,4 @@
-"""Parameter checks shared by the codecs and memories: clear errors at construction.
+"""Parameter checks for the whole library: clear errors at construction.
 
 Numbers may be Python or numpy scalars (``np.float32(0.1)``, ``np.int64(8)``);
 booleans are refused where a number is expected.
@@ -29,6 +29,11 @@ def check_in_interval(name, value, interval):
 
 def check_positive_int(name, value):
     """``value`` as an int when it is an integer >= 1; else ValueError."""
-    if _is_bool(value) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError("%s must be an integer >= 1, got %r" % (name, value))
+    return check_int(name, value, 1)
+
+
+def check_int(name, value, minimum):
+    """``value`` as an int when it is an integer >= ``minimum``; else ValueError."""
+    if _is_bool(value) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
     return int(value)

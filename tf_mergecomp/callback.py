@@ -13,13 +13,13 @@ swaps it into ``model.train_function``, which ``fit`` looks up at every step:
 a candidate is traced once, however many confirm rounds it takes part in.
 It checks from ``compression.collectives_executed`` that every timed step ran
 ``num_groups * compressor.collectives_per_group()`` collectives. The search,
-its cost and the saved file are described in tf_mergecomp/search.py and
-tf_mergecomp/search_driver.py. If ``fit`` ends before the search does, the
+its cost and the saved file are described in tf_mergecomp/search/algorithm.py and
+tf_mergecomp/search/driver.py. If ``fit`` ends before the search does, the
 fastest candidate measured so far is kept (and not saved).
 """
 
 from tf_mergecomp._keras import keras
-from tf_mergecomp.search_driver import KerasTrainFunctions, PartitionSearchDriver
+from tf_mergecomp.search.driver import PartitionSearchDriver, tracing_count
 
 
 class MergeCompCallback(keras.callbacks.Callback):
@@ -72,3 +72,32 @@ class MergeCompCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         # Keep the fastest partition measured so far rather than an arbitrary candidate.
         self.search.finish()
+
+
+class KerasTrainFunctions:
+    """Keras: one train function per layout, swapped into ``model.train_function``
+    (``fit`` looks it up at every step)."""
+
+    def __init__(self, model, compression):
+        self.model = model
+        self.compression = compression
+        self.functions = {}
+        self._tracings = 0
+
+    def use(self, layout, fresh=False):
+        """Makes ``model`` train with ``layout`` from its next step; True when
+        that needs a new train function (a trace)."""
+        self.compression.set_partition(list(layout) if layout else 1)
+        if layout in self.functions and not fresh:
+            self.model.train_function = self.functions[layout]
+            return False
+        self.model.make_train_function(force=True)
+        self.functions[layout] = self.model.train_function
+        return True
+
+    def keep_only(self, layout):
+        for other in [l for l in self.functions if l != layout]:
+            self._tracings += tracing_count(self.functions.pop(other))
+
+    def tracings(self):
+        return self._tracings + sum(tracing_count(f) for f in self.functions.values())

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from tf_mergecomp import rank_state
 from tf_mergecomp._keras import keras
+from tf_mergecomp.mergecomp import find_mergecomp
 from tf_mergecomp.rank_state import rank_state_path
 
 __all__ = ["MergeCompModelCheckpoint", "load_model", "rank_state_path", "restore",
@@ -40,7 +41,7 @@ __all__ = ["MergeCompModelCheckpoint", "load_model", "rank_state_path", "restore
 
 def _mergecomp_of(owner):
     """The MergeComp of a MergeComp, a Keras optimizer or a compiled Keras model."""
-    found = rank_state.find_mergecomp(owner)
+    found = find_mergecomp(owner)
     if found is not None:
         return found
     raise TypeError(
@@ -55,8 +56,8 @@ def save_rank_state(compression, path):
     Returns the file written (``<path>.mergecomp-rank<r>-of-<W>``).
     """
     mergecomp = _mergecomp_of(compression)
-    process_set = rank_state.process_set_of(mergecomp)
-    return rank_state.write(mergecomp, path, process_set.rank(), process_set.size())
+    process_set = mergecomp.rank_state.process_set_or_global()
+    return mergecomp.rank_state.write(path, process_set.rank(), process_set.size())
 
 
 def restore_rank_state(compression, path):
@@ -70,12 +71,12 @@ def restore_rank_state(compression, path):
     Returns the file found, or None.
     """
     mergecomp = _mergecomp_of(compression)
-    process_set = rank_state.process_set_of(mergecomp)
+    process_set = mergecomp.rank_state.process_set_or_global()
     rank, world_size = process_set.rank(), process_set.size()
     saved = rank_state.read(path, rank, world_size)
-    rank_state.set_restored_file(mergecomp, saved, rank_state_path(path, rank, world_size), path)
-    if mergecomp._layout is not None:  # already traced: no first trace to decide at
-        rank_state.reconcile(mergecomp, process_set)
+    mergecomp.rank_state.set_restored_file(saved, rank_state_path(path, rank, world_size), path)
+    if mergecomp.num_tensors is not None:  # already traced: no first trace to decide at
+        mergecomp.rank_state.reconcile(process_set)
     return None if saved is None else saved.path
 
 
@@ -89,7 +90,7 @@ def save(checkpoint, compression, file_prefix=None, root_rank=0):
     import horovod.tensorflow as hvd
 
     mergecomp = _mergecomp_of(compression)
-    process_set = rank_state.process_set_of(mergecomp)
+    process_set = mergecomp.rank_state.process_set_or_global()
     path = None
     if process_set.rank() == root_rank:
         if isinstance(checkpoint, tf.train.CheckpointManager):
@@ -156,7 +157,7 @@ class MergeCompModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
         mergecomp = _mergecomp_of(self._compression if self._compression is not None
                                   else self.model)
-        process_set = rank_state.process_set_of(mergecomp)
+        process_set = mergecomp.rank_state.process_set_or_global()
         self._requested_path = None
         verbose = self.verbose
         if process_set.rank() != self._root_rank:

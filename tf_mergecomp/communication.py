@@ -4,9 +4,9 @@ The engine hands each codec a communicator; codecs never import Horovod, so
 they can be tested with a simulated one.
 """
 
+import numpy as np
 import tensorflow as tf
 
-from tf_mergecomp import rendezvous
 
 
 class HorovodCommunicator:
@@ -76,113 +76,66 @@ def _flat_parts(key):
     return [str(key)]
 
 
-# Horovod's response cache keeps an entry for every collective name it has run
-# (up to HOROVOD_CACHE_CAPACITY, 1024 by default, evicting nothing below it),
-# and every background cycle (HOROVOD_CYCLE_TIME) coordinates a bit per entry
-# across the ranks. A partition search runs many candidates, each with its own
-# collective names (layer-wise alone: one per tensor), so afterwards every
-# cycle of the chosen partition's training carries all of them. Measured on
-# ResNet50 with 2 ranks of 2 cores (docs/benchmarks.md, "The search's
-# collectives outlive it"): one group's step 0.25 s before a search, 0.30-0.32 s
-# after it, its background thread from 14 to 82 ms of system time per step.
-# Restarting Horovod empties the cache.
-def restart_blocker(hvd=None, environ=None):
-    """Why Horovod cannot be restarted safely here, or None when it can.
+# ---- values the ranks agree on, outside the training step ------------------------------
 
-    A restart (``hvd.shutdown(); hvd.init()``) is safe when every rank does it
-    between the same two steps with no collective pending, and the re-init
-    rebuilds everything the first init made: one Gloo-controlled world started
-    by ``horovodrun`` (MPI cannot be initialized twice), no elastic driver
-    (it owns resets), no process set besides the global one (their ids would
-    be lost), no timeline (it would be truncated), no autotuning (it would
-    start over) and a response cache to empty. The answer depends only on the
-    launch, which is the same on every rank; ask while Horovod runs on every
-    rank (before any restart).
-    """
-    import os
-
-    if hvd is None:
-        import horovod.tensorflow as hvd
-    environ = os.environ if environ is None else environ
-    if not hvd.is_initialized():
-        return "Horovod is not initialized"
-    if hvd.size() == 1:
-        return "one rank"
-    if hvd.mpi_enabled() or not hvd.gloo_enabled():
-        return "Horovod runs on MPI, which cannot be initialized twice"
-    if "HOROVOD_GLOO_RENDEZVOUS_ADDR" not in environ:
-        return "not launched by horovodrun"
-    if environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
-        return "elastic run"
-    for variable, why in (("HOROVOD_TIMELINE", "a timeline is recorded"),
-                          ("HOROVOD_AUTOTUNE", "Horovod autotunes")):
-        if environ.get(variable, "") not in ("", "0"):
-            return why + " (%s)" % variable
-    if environ.get("HOROVOD_CACHE_CAPACITY", "1024").strip() == "0":
-        return "the response cache is off (HOROVOD_CACHE_CAPACITY=0)"
-    if environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0") \
-            or _process_set_count() != 1:
-        return "process sets besides the global one"
-    return None
-
-
-def _process_set_count():
-    # Horovod has no public listing of process sets; without this one, assume
-    # there may be others.
+def running_horovod():
+    """``horovod.tensorflow`` when it is installed and initialized, else None
+    (a single process: every reduction below is then the identity)."""
     try:
-        from horovod.common import process_sets
-
-        return len(process_sets._basics._get_process_set_ids_and_ranks())
-    except Exception:  # noqa: BLE001 (any failure means: do not restart)
-        return -1
-
-
-def restart_horovod():
-    """Empties Horovod's response cache by restarting it. Every rank must call
-    this between the same two steps, and only where ``restart_blocker()``
-    answered None, asked before the first restart: a rank's shutdown stops the
-    other ranks' Horovod too, which then answer differently.
-
-    Returns None once restarted, or (the same on every rank) why Horovod was
-    left running: the launcher's rendezvous server still held addresses of
-    the world before, which the re-init could read (tf_mergecomp/rendezvous.py).
-    """
-    import horovod.tensorflow as hvd
-
-    problem = clear_rendezvous(hvd)
-    if problem is not None:
-        return problem
-    hvd.shutdown()
-    hvd.init()
-    return None
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    return hvd if hvd.is_initialized() else None
 
 
-_placements = {}  # (rank, size) -> every rank's (host name, local rank)
+def rank():
+    hvd = running_horovod()
+    return 0 if hvd is None else hvd.rank()
 
 
-def clear_rendezvous(hvd, environ=None):
-    """Empties the rendezvous scopes the last ``hvd.init()`` left stale, from
-    rank 0 while the other ranks wait for its answer. A collective: every rank
-    calls it. Returns None, or why Horovod must not be initialized again."""
-    import os
+def world_size():
+    hvd = running_horovod()
+    return 1 if hvd is None else hvd.size()
 
-    environ = os.environ if environ is None else environ
-    world = (hvd.rank(), hvd.size())
-    if world not in _placements:
-        # Gloo names a rank's local scope after HOROVOD_HOSTNAME, "localhost" unset.
-        _placements[world] = hvd.allgather_object(
-            (environ.get("HOROVOD_HOSTNAME", "localhost"), hvd.local_rank()),
-            name="tf_mergecomp.rendezvous_placements")
-    problem = None
-    if hvd.rank() == 0:
-        server = "%s:%s" % (environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
-                            environ["HOROVOD_GLOO_RENDEZVOUS_PORT"])
-        try:
-            _, left = rendezvous.clear_stale_scopes(
-                server, rendezvous.job_scopes(_placements[world]))
-            if left:
-                problem = ("the rendezvous server at %s kept the old addresses in scope %s"
-                           % (server, ", ".join(left)))
-        except OSError as error:
-            problem = "the rendezvous server at %s did not answer (%s)" % (server, error)
-    return hvd.broadcast_object(problem, root_rank=0, name="tf_mergecomp.rendezvous_cleared")
+
+class WorkerValues:
+    """Eager reductions of numpy values over all ranks (the partition search's
+    timings and decisions), each under a collective name of its own: the
+    shapes differ from call to call. Every rank makes the same calls in the
+    same order."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.calls = 0
+
+    def _allreduce(self, values, op_name, name):
+        hvd = running_horovod()
+        values = np.asarray(values, dtype=np.float64)
+        if hvd is None or hvd.size() == 1:
+            return values
+        op = {"average": hvd.Average, "min": hvd.Min, "sum": hvd.Sum}[op_name]
+        self.calls += 1
+        return hvd.allreduce(tf.constant(values), op=op,
+                             name="%s.%s.%d" % (self.prefix, name, self.calls)).numpy()
+
+    def average(self, values, name):
+        return self._allreduce(values, "average", name)
+
+    def minimum(self, values, name):
+        return self._allreduce(values, "min", name)
+
+    def mean_of_finite(self, values, name):
+        """Elementwise mean over the ranks that have a value (NaN where none has)."""
+        values = np.asarray(values, dtype=np.float64)
+        seen = np.isfinite(values)
+        total = self._allreduce(np.where(seen, values, 0.0), "sum", name)
+        count = self._allreduce(seen.astype(np.float64), "sum", name + "_count")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+    def from_rank0(self, value, name):
+        """Rank 0's ``value`` (any picklable object) on every rank."""
+        hvd = running_horovod()
+        if hvd is None or hvd.size() == 1:
+            return value
+        return hvd.broadcast_object(value, root_rank=0, name="%s.%s" % (self.prefix, name))

@@ -34,7 +34,7 @@ the old world fails with a message saying so).
 
 import functools
 
-from tf_mergecomp import rank_state
+from tf_mergecomp.mergecomp import find_mergecomp
 
 _INSTALLED_MARK = "_tf_mergecomp_original"
 _TRACKED_MARK = "_tf_mergecomp_tracked"
@@ -57,28 +57,28 @@ def track(state, compression, rebuild=None):
             return state
         raise ValueError("this elastic state already tracks another MergeComp")
     setattr(state, _TRACKED_MARK, compression)
-    committed = {"snapshot": rank_state.snapshot(compression)}
+    committed = {"snapshot": compression.rank_state.snapshot()}
     original_save, original_restore = state.save, state.restore
     original_sync, original_reset = state.sync, state.reset
 
     def save():
         original_save()
-        committed["snapshot"] = rank_state.snapshot(compression)
+        committed["snapshot"] = compression.rank_state.snapshot()
 
     def restore():
         original_restore()
-        rank_state.restore_snapshot(compression, committed["snapshot"])
+        compression.rank_state.restore_snapshot(committed["snapshot"])
 
     def reset():
         original_reset()
-        rank_state.on_elastic_reset(compression)
+        compression.rank_state.on_elastic_reset()
         if rebuild is not None:
             rebuild()
 
     def sync():
         original_sync()
-        rank_state.reconcile(compression)
-        committed["snapshot"] = rank_state.snapshot(compression)
+        compression.rank_state.reconcile()
+        committed["snapshot"] = compression.rank_state.snapshot()
 
     # Instance attributes: the State's own commit(), on_reset() and Horovod's
     # elastic run loop call these.
@@ -99,7 +99,7 @@ def install():
 
     @functools.wraps(original_init)
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
-        compression = rank_state.find_mergecomp(optimizer or getattr(model, "optimizer", None))
+        compression = find_mergecomp(optimizer or getattr(model, "optimizer", None))
         if compression is not None:
             _build_optimizer(optimizer or model.optimizer, model)
         original_init(self, model, optimizer=optimizer, backend=backend, **kwargs)

@@ -15,6 +15,12 @@ MergeComp's step among ``optimizer.variables()`` (what Horovod broadcasts and
 Keras saves in HDF5/.keras files), and makes ``hvd.elastic.KerasState`` commit,
 restore and sync MergeComp's state (``tf_mergecomp/elastic.py``).
 
+The hook reads one private Horovod name, so it is tied to the Horovod it was
+written for (``HOROVOD_VERSION``, 0.28.1: Horovod's last release). On another
+Horovod, ``install()`` checks that the factory still exists and takes the
+arguments the hook reads; if not, it refuses with what to do, and if so, it
+installs and warns once that this Horovod was not tested.
+
 Importing ``tf_mergecomp`` calls ``install()``; calling it again does nothing.
 Code that did ``from horovod.tensorflow.keras import DistributedOptimizer``
 before importing ``tf_mergecomp`` keeps the unwrapped factory: it still
@@ -23,8 +29,43 @@ reduces with MergeComp, but checkpoint MergeComp explicitly then.
 
 import functools
 import inspect
+import warnings
 
 _INSTALLED_MARK = "_tf_mergecomp_original"
+# The Horovod release this hook was written and tested for, and the arguments
+# of its gradient-reduction factory that the hook reads.
+HOROVOD_VERSION = "0.28.1"
+FACTORY_NAME = "_make_allreduce_grads_fn"
+FACTORY_ARGUMENTS = ("compression", "op", "process_set", "device_dense", "sparse_as_dense",
+                     "gradient_predivide_factor", "groups")
+
+
+def check_horovod(version, module):
+    """The factory to wrap, from Horovod ``version``'s ``horovod.tensorflow``
+    (``module``). Raises RuntimeError when the hook cannot work there; warns
+    when it can but ``version`` is not the one it was written for."""
+    advice = ("install horovod==%s (`make setup` builds it), or use Horovod's own "
+              "compression= instead of MergeComp" % HOROVOD_VERSION)
+    factory = getattr(module, FACTORY_NAME, None)
+    if factory is None:
+        raise RuntimeError(
+            "tf_mergecomp cannot hook into Horovod %s: horovod.tensorflow.%s, which MergeComp "
+            "replaces to receive the whole gradient list, is gone; %s" % (
+                version, FACTORY_NAME, advice))
+    original = getattr(factory, _INSTALLED_MARK, factory)
+    parameters = inspect.signature(original).parameters
+    missing = [name for name in FACTORY_ARGUMENTS if name not in parameters]
+    if missing:
+        raise RuntimeError(
+            "tf_mergecomp cannot hook into Horovod %s: horovod.tensorflow.%s no longer takes "
+            "%s; %s" % (version, FACTORY_NAME, ", ".join(missing), advice))
+    if version != HOROVOD_VERSION:
+        warnings.warn(
+            "tf_mergecomp was written for Horovod %s and runs here on Horovod %s, whose "
+            "gradient-reduction factory still takes the arguments it reads. Run the test suite "
+            "(make test) on this Horovod before trusting it, or %s."
+            % (HOROVOD_VERSION, version, advice), RuntimeWarning, stacklevel=3)
+    return factory
 
 
 def _is_mergecomp(compression):
@@ -49,11 +90,12 @@ def _check_arguments(compression, sparse_as_dense, gradient_predivide_factor, gr
 
 def install():
     """Installs the hook once; returns True if it was installed by this call."""
+    import horovod
     import horovod.tensorflow as hvd_tf
 
-    if hasattr(hvd_tf._make_allreduce_grads_fn, _INSTALLED_MARK):
+    original = check_horovod(getattr(horovod, "__version__", "unknown"), hvd_tf)
+    if hasattr(original, _INSTALLED_MARK):
         return False
-    original = hvd_tf._make_allreduce_grads_fn
 
     signature = inspect.signature(original)
 

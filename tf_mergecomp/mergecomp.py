@@ -53,8 +53,8 @@ from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
 from tf_mergecomp import memory as memories
-from tf_mergecomp import rank_state
 from tf_mergecomp.communication import HorovodCommunicator
+from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 
 # Bit layout of the int64 seed given to codecs: step, group and worker never
 # collide for steps < 2**24 per user seed, 4096 tensors and 4095 workers (more
@@ -137,11 +137,12 @@ class MergeComp(tf.Module):
         # the state, so that a restore can tell this rank's own state from
         # another rank's (tf_mergecomp/rank_state.py).
         self.state_origin = tf.Variable(
-            rank_state.NO_ORIGIN, dtype=tf.int64, trainable=False, name="state_origin"
+            NO_ORIGIN, dtype=tf.int64, trainable=False, name="state_origin"
         )
-        self._rank_state = rank_state.Tracker()
+        # Whose state this is, and the agreement with the other ranks about it.
+        self.rank_state = RankState(self)
         self._agreed_description = None
-        # The partition search's step recorder (tf_mergecomp/step_recorder.py),
+        # The partition search's step recorder (tf_mergecomp/search/recorder.py),
         # set only while it traces the step it profiles or an exchange probe: it
         # sees each group's inputs, collectives and outputs. None otherwise, and
         # the step has only the engine's own ops.
@@ -186,7 +187,7 @@ class MergeComp(tf.Module):
 
         Keras: call ``model.make_train_function(force=True)`` after it (the
         partition search callback does). Custom loops: re-create the
-        ``tf.function`` of the train step (``PartitionSearch.function`` does).
+        ``tf.function`` of the train step (``PartitionSearchDriver.function`` does).
         """
         spec = grouping.check_partition_spec(partitions)
         if self._layout is not None:
@@ -211,6 +212,18 @@ class MergeComp(tf.Module):
         if self._layout is None:
             return None
         return consistency.fingerprint(self._layout.describe())
+
+    def settings_fingerprint(self):
+        """Identifies what the state variables mean: the gradient list and the
+        codec and memory settings (not the partition: the state does not depend
+        on it). None before the first trace."""
+        if self._layout is None:
+            return None
+        return consistency.fingerprint({
+            "layout": self._layout.describe(),
+            "compressor": [self.compressor.name, self.compressor.params],
+            "memory": [self.memory.name, self.memory.params],
+        })
 
     # ---- the reduce function Horovod calls ------------------------------------------
 
@@ -261,7 +274,7 @@ class MergeComp(tf.Module):
         if not order:
             return list(grads)
         dense = [_densify(grads[i]) for i in order]
-        self._set_layout(_Layout([g.shape for g in dense], [g.dtype for g in dense]))
+        self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
         splits = self.splits
         _check_seed_layout(len(order), communicator.size)
         description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
@@ -276,11 +289,11 @@ class MergeComp(tf.Module):
             guards = consistency.check_ranks_agree(description, communicator.process_set)
             if not guards:  # checked at trace time (eagerly), not in the graph
                 self._agreed_description = description
-        state = self._state_variables()
+        state = self.state_variables()
         # At the first trace: agree with the other ranks on whose state was
         # restored (reset it everywhere unless each rank holds its own) and
         # take rank 0's step.
-        rank_state.reconcile_if_needed(self, communicator)
+        self.rank_state.reconcile_if_needed(communicator)
         # Steps wrap after 2**24 (the draws then repeat) rather than run into
         # the user seed's bits.
         step = self.step.read_value() % _STEP_LIMIT
@@ -294,9 +307,7 @@ class MergeComp(tf.Module):
                         group, group_communicator = self.step_recorder.group_inputs(
                             index, start, group, communicator)
                     outputs, flags = self._reduce_group(
-                        index, start, group, state[start:end] if state else [],
-                        step, group_communicator,
-                    )
+                        index, start, group, state[start:end], step, group_communicator)
                     if self.step_recorder is not None:
                         outputs = self.step_recorder.group_outputs(index, start, outputs)
                     if scale_by_size:
@@ -319,9 +330,24 @@ class MergeComp(tf.Module):
         constant = (start << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
         return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
 
+    def reduce_group(self, grads, communicator, step=0, start=0, index=0):
+        """Reduces one group on its own: ``grads`` are gradient tensors
+        ``start, start + 1, ...`` of the layout (``set_gradient_layout``), in
+        backprop order, reduced with their state variables through
+        ``communicator`` (``tf_mergecomp.communication``) at ``step``.
+
+        Returns the group's reduced gradients and an int32 vector, 1 for each
+        tensor that some rank held non-finite (its output is then all NaN).
+        ``index`` names the group's collectives. The benchmarks and the tests
+        time and check one group this way; training goes through
+        ``make_reduce_fn``.
+        """
+        grads = list(grads)
+        state = self.state_variables()[start:start + len(grads)]
+        step = tf.cast(step, tf.int64)
+        return self._reduce_group(index, start, grads, state, step, communicator)
+
     def _reduce_group(self, index, start, grads, state_vars, step, communicator):
-        """The group's reduced gradients and an int32 vector, 1 for each tensor
-        that some rank held non-finite (its output is then all NaN)."""
         seed = self._group_seed(step, start, communicator)
         key = (index, sum(self._layout.sizes[start:start + len(grads)]))
         if self.compressor.reduces_own_groups:
@@ -379,7 +405,11 @@ class MergeComp(tf.Module):
 
     # ---- layout and state ----------------------------------------------------------
 
-    def _set_layout(self, layout):
+    def set_gradient_layout(self, shapes, dtypes):
+        """Fixes the gradient list this MergeComp reduces: shapes and dtypes in
+        backprop order. The first trace does it; a later call with another
+        list is refused (one MergeComp per optimizer or tape)."""
+        layout = _Layout(shapes, dtypes)
         if self._layout is None:
             self._layout = layout
             return
@@ -391,10 +421,11 @@ class MergeComp(tf.Module):
                 "use one MergeComp per optimizer or tape" % difference
             )
 
-    def _state_variables(self):
+    def state_variables(self):
         """One flat float32 variable per gradient tensor (backprop order), holding
         the memory's buffers back to back, then the codec's own state of the
-        tensor; [] when neither keeps anything."""
+        tensor; [] when neither keeps anything. Created at the first call after
+        the layout is set."""
         names = self.memory.state_names
         codec = self.compressor
         codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
@@ -411,7 +442,7 @@ class MergeComp(tf.Module):
             # A checkpoint restored before the first step has just been
             # restored into the new variables; a decision taken about it
             # (reset, or this rank's own saved state) applies now.
-            rank_state.on_state_created(self)
+            self.rank_state.on_state_created()
         return list(self._state or [])
 
     def _initial_state_value(self, i):
@@ -422,6 +453,23 @@ class MergeComp(tf.Module):
             codec_state = self.compressor.initial_codec_state(shape, i)
             initial.append(tf.zeros([codec_size], tf.float32) if codec_state is None else codec_state)
         return tf.concat(initial, 0)
+
+    def existing_state_variables(self):
+        """The state variables once created (a list, [] when nothing keeps
+        state), None before: unlike ``state_variables``, creates nothing."""
+        return None if self._state is None else list(self._state)
+
+    def keeps_state(self):
+        """Whether this MergeComp has per-tensor state at all (nothing to agree on otherwise)."""
+        if self._layout is not None:
+            return bool(self._state)
+        return bool(self.memory.state_names) or self.compressor.keeps_codec_state
+
+    def forget_traces(self):
+        """After an elastic reset: the next call traces the reduce function afresh
+        and checks its description with the (new) other ranks again."""
+        self._eager_reduce = None
+        self._agreed_description = None
 
     def reset_state(self):
         """Sets the compression state (residuals, momenta, PowerSGD's Q) back to
@@ -487,3 +535,18 @@ def _densify(grad):
         # compresses the dense gradient (zeros included).
         return tf.convert_to_tensor(grad)
     return grad
+
+
+def find_mergecomp(owner):
+    """The MergeComp of a MergeComp, of a Keras optimizer built by
+    ``hvd.DistributedOptimizer(..., compression=MergeComp(...))`` (also inside a
+    loss-scale optimizer), or of a Keras model compiled with one; else None."""
+    seen = 0
+    while owner is not None and seen < 4:  # model -> optimizer -> inner optimizer
+        if isinstance(owner, MergeComp):
+            return owner
+        if isinstance(getattr(owner, "mergecomp", None), MergeComp):
+            return owner.mergecomp
+        owner = getattr(owner, "inner_optimizer", None) or getattr(owner, "optimizer", None)
+        seen += 1
+    return None

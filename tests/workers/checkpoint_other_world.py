@@ -39,8 +39,9 @@ def restored(path, with_rank_state):
     specs = [tf.TensorSpec(v.shape, v.dtype) for v in model.trainable_variables]
     tf.function(lambda grads: reduce_fn(grads)).get_concrete_function(specs)  # the first trace
     return dict(found=found, warnings=warnings.messages[started:],
-                outcome=mc._rank_state.last_outcome, step=int(mc.step.numpy()),
-                state_abs_sum=float(sum(np.abs(v.numpy()).sum() for v in mc._state)))
+                outcome=mc.rank_state.last_outcome, step=int(mc.step.numpy()),
+                state_abs_sum=float(sum(np.abs(v.numpy()).sum()
+                                        for v in mc.existing_state_variables())))
 
 
 report(scenario="stock", **restored(prefix + "-stock/ckpt", with_rank_state=False))

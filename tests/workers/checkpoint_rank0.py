@@ -71,7 +71,7 @@ def trace_reduce(model, mc):
 
 
 def outcome(mc, started):
-    return dict(warnings=warnings.messages[started:], outcome=mc._rank_state.last_outcome,
+    return dict(warnings=warnings.messages[started:], outcome=mc.rank_state.last_outcome,
                 step=int(mc.step.numpy()))
 
 
@@ -88,13 +88,13 @@ for compressor in compressors:
     stock_path = prefix + "-stock/ckpt"
     fit(model, 0, [tf.keras.callbacks.ModelCheckpoint(stock_path, save_weights_only=True)]
         if hvd.rank() == 0 else [])
-    own_state = [v.numpy() for v in mc._state]
+    own_state = [v.numpy() for v in mc.existing_state_variables()]
     rank0_state = hvd_tf.broadcast_object(own_state, root_rank=0)
     model, mc = build(compressor)
     started = len(warnings.messages)
     model.load_weights(stock_path)
     trace_reduce(model, mc)
-    restored = [v.numpy() for v in mc._state]
+    restored = [v.numpy() for v in mc.existing_state_variables()]
     fit(model, PHASE_EPOCHS)
     report(compressor=compressor, scenario="stock", max_difference=max_difference(weights(model), reference),
            restored_abs_sum=float(sum(np.abs(s).sum() for s in restored)),

@@ -11,7 +11,7 @@ import tensorflow as tf  # noqa: E402
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
-from tf_mergecomp.bench.models import tape_train_step  # noqa: E402,F401 (the workers' step)
+from benchmarks.models import tape_train_step  # noqa: E402,F401 (the workers' step)
 
 
 def small_classifier(seed=1):

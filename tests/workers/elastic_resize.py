@@ -53,14 +53,16 @@ def values(variables):
 
 
 def check_restore(x, y):
-    committed = (values(model.variables), int(mc.step.numpy()), values(mc._state))
+    committed = (values(model.variables), int(mc.step.numpy()),
+                 values(mc.existing_state_variables()))
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # not committed
     moved = int(mc.step.numpy()) != committed[1]
     state.restore()
     report(check="restore", moved=moved,
            weights=all(np.array_equal(a, b) for a, b in zip(values(model.variables), committed[0])),
            step=int(mc.step.numpy()) == committed[1],
-           state=all(np.array_equal(a, b) for a, b in zip(values(mc._state), committed[2])))
+           state=all(np.array_equal(a, b)
+                     for a, b in zip(values(mc.existing_state_variables()), committed[2])))
 
 
 @hvd.elastic.run

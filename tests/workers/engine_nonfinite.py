@@ -43,7 +43,7 @@ def loss_scale_run(name):
                   steps_run=int(optimizer.iterations.numpy()),
                   loss=float(model.evaluate(x, y, verbose=0)))
     if name != "stock":
-        state = [v.numpy() for v in compression._state_variables()]
+        state = [v.numpy() for v in compression.state_variables()]
         result.update(state_finite=bool(all(np.isfinite(s).all() for s in state)),
                       state_nonzero=bool(any(np.abs(s).sum() > 0 for s in state)),
                       step=int(compression.step.numpy()))

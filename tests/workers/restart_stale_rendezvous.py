@@ -9,7 +9,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tests.horovodrun import report
-from tf_mergecomp import communication, rendezvous
+from tf_mergecomp import rendezvous
+from tf_mergecomp.search import restart as horovod_restart
 
 hvd.init()
 server = "%s:%s" % (os.environ["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
@@ -26,7 +27,7 @@ problems, summed = [], None
 for restart in range(3):
     if hvd.rank() == 1 and restart == 0:
         time.sleep(1.0)
-    problems.append(communication.restart_horovod())
+    problems.append(horovod_restart.restart_horovod())
     summed = hvd.allreduce(tf.fill([3], float(hvd.rank() + 1)), op=hvd.Sum,
                            name="after_restart_%d" % restart).numpy().tolist()
 report(rank=hvd.rank(), restarts=len(problems), problems=problems, summed=summed,

@@ -25,7 +25,7 @@ from tests.horovodrun import report
 from tests.workers.common import classification_data, tape_train_step, weights_checksum
 from tf_mergecomp import MergeComp, MergeCompCallback
 from tf_mergecomp.compressors.base import ALLREDUCE, Compressor
-from tf_mergecomp.search_driver import PartitionSearchDriver
+from tf_mergecomp.search import PartitionSearchDriver
 
 # Small enough to finish inside the short fits below (about 60 steps).
 SEARCH = dict(steps_per_candidate=2, max_groups=3, finalists=2, rounds=3, warmup_steps=1,

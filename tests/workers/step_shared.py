@@ -37,7 +37,7 @@ model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 listed = {v.ref() for v in model.optimizer.variables()}
 report(check="variables", step_listed=mc.step.ref() in listed,
-       state_listed=any(v.ref() in listed for v in mc._state),
+       state_listed=any(v.ref() in listed for v in mc.existing_state_variables()),
        origin_listed=mc.state_origin.ref() in listed,
        optimizer_own=len(model.optimizer._variables), listed=len(listed))
 
@@ -62,7 +62,7 @@ reduce_fn = loaded_mc.make_reduce_fn()
 specs = [tf.TensorSpec(v.shape, v.dtype) for v in loaded.trainable_variables]
 tf.function(lambda grads: reduce_fn(grads)).get_concrete_function(specs)
 report(check="h5", step=step_loaded, same_optimizer_values=same,
-       warning=loaded_mc._rank_state.last_outcome["warning"],
+       warning=loaded_mc.rank_state.last_outcome["warning"],
        state_abs_sum=float(sum(np.abs(v.numpy()).sum() for v in loaded_mc._state)))
 
 # Ranks that start at different steps draw random-k indices from rank 0's step

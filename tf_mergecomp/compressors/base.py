@@ -95,6 +95,11 @@ class Compressor:
         del shape
         return 0
 
+    @property
+    def keeps_codec_state(self):
+        """Whether the codec keeps state of its own per tensor (PowerSGD's Q)."""
+        return type(self).codec_state_size is not Compressor.codec_state_size
+
     def initial_codec_state(self, shape, tensor_index):
         """The initial value of that state (float32, codec_state_size(shape)
         elements), identical on every worker: a function of the shape and of

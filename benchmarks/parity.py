@@ -1,7 +1,7 @@
 """Accuracy parity: the main job (examples/train_digits.py: a small CNN on scikit-learn's
 digits), 2 workers, every codec.
 
-    python -m tf_mergecomp.bench parity [--algorithms ...] [--epochs 8]
+    python -m benchmarks parity [--algorithms ...] [--epochs 8]
 
 Runs ``horovodrun -np 2 --gloo`` on this machine (loopback); each rank trains
 on its half of the training split (80% of the 1,797 images, split with a fixed
@@ -23,9 +23,9 @@ import sys
 import time
 import traceback
 
-from tf_mergecomp.bench import launcher, report
+from benchmarks import launcher, report
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIGN_CODECS = ("signsgd", "signum")
 LEARNING_RATE = 0.05
 DGC_LEARNING_RATE = 0.005
@@ -64,7 +64,7 @@ def _main_job():
 
 def _train_one(config, spec, data, main_job, hvd, hvd_tf, tf):
     from tf_mergecomp._keras import keras
-    from tf_mergecomp.bench.worker import build_compression
+    from benchmarks.worker import build_compression
 
     (x_train, y_train), (x_test, y_test) = data
     keras.utils.set_random_seed(SEED)
@@ -166,7 +166,7 @@ def run(args):
     spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms),
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}
-    code, log_path = launcher.run_local_horovodrun("tf_mergecomp.bench.parity", spec, args.out,
+    code, log_path = launcher.run_local_horovodrun("benchmarks.parity", spec, args.out,
                                                    args.num_proc, args.timeout)
     if code is None:
         notes.append("timed out after %.0f s; results so far shown" % args.timeout)
@@ -186,6 +186,6 @@ def run(args):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2]))
-    print("usage: python -m tf_mergecomp.bench.parity --worker SPEC.json "
-          "(or python -m tf_mergecomp.bench parity)", file=sys.stderr)
+    print("usage: python -m benchmarks.parity --worker SPEC.json "
+          "(or python -m benchmarks parity)", file=sys.stderr)
     sys.exit(2)

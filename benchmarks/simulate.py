@@ -1,21 +1,21 @@
 """Step times of every compression config on W workers, from one model's profile.
 
-    python -m tf_mergecomp.bench simulate --profile P.json --workers 2,8,64,256
+    python -m benchmarks simulate --profile P.json --workers 2,8,64,256
         --bandwidth 1gbit,10gbit,100gbit [--latency 25us] [--codecs ...] [--out DIR]
 
-Built on the library's step-time model (tf_mergecomp/step_model.py), the
+Built on the library's step-time model (tf_mergecomp/search/step_model.py), the
 model the partition search's explore phase uses: backprop releases the
 profile's gradients at their measured ready times; a group's encode starts
 when its last gradient is ready and the codec is free; its collective is
 taken up by Horovod's next cycle and costs what Horovod's algorithms cost on
-W workers (``step_model.NetworkCosts``: ring allreduce, or allgather for the
+W workers (``network_model.NetworkCosts``: ring allreduce, or allgather for the
 codecs that gather rows, with their latency terms), plus this host's
 measured cost of a collective; its decode follows (an allgather's decode
 reads W rows), then the optimizer update (the profile's tail). Configs:
 
 - ``horovod fp32`` / ``horovod fp16``: per-tensor collectives, fused by
   Horovod's tensor fusion (64 MB buffers, 1 ms cycle:
-  ``step_model.horovod_fusion_layout``); fp16 casts each tensor;
+  ``network_model.horovod_fusion_layout``); fp16 casts each tensor;
 - per codec: ``layer-wise`` (one group per tensor), ``one group``,
   ``searched`` (the project's search core, ``search.run_search``, unchanged,
   answering its profile, probes and confirm rounds from the model, as a real
@@ -34,10 +34,11 @@ import time
 
 import numpy as np
 
-from tf_mergecomp import search as search_core
-from tf_mergecomp import step_model
-from tf_mergecomp.bench import netns, report
-from tf_mergecomp.bench.profile import codec_coefficients
+from tf_mergecomp.search import algorithm as search_core
+from benchmarks import network_model
+from tf_mergecomp.search import step_model
+from benchmarks import netns, report
+from benchmarks.profile import codec_coefficients
 
 DEFAULT_WORKERS = (2, 8, 64, 256)
 DEFAULT_BANDWIDTHS = ("1gbit", "10gbit", "100gbit")
@@ -96,7 +97,7 @@ class Simulation:
     def __init__(self, profile, cycle_s=None, overlap=True):
         """``cycle_s``: Horovod's cycle of the simulated run, if not the profile's.
         ``overlap=False``: the exchange cannot overlap compute (every collective
-        delays backprop: ``step_model.SerializedExchange``); for a profile whose
+        delays backprop: ``network_model.SerializedExchange``); for a profile whose
         codec runs on the compute stream."""
         self.profile = profile
         tensors = profile["tensors"]
@@ -162,20 +163,20 @@ class Simulation:
 
     def wire(self, name):
         wire = self.codecs[name]["wire"]
-        return step_model.WireBytes(self.sizes, wire["fixed_bytes"], wire["per_element_bytes"],
+        return network_model.WireBytes(self.sizes, wire["fixed_bytes"], wire["per_element_bytes"],
                                     wire.get("tensor_bytes"))
 
     def codec_costs(self, name, network):
         codec = self.codecs[name]
         kind = codec["collective_op"]
-        return self._exchange(step_model.NetworkGroupCosts(
+        return self._exchange(network_model.NetworkGroupCosts(
             self.codec_group_costs(name), self.wire(name), kind, network,
             calls=int(codec.get("collectives_per_group", 1)),
-            decode_rows=kind == step_model.ALLGATHER, probe_workers=self.probe_workers,
+            decode_rows=kind == network_model.ALLGATHER, probe_workers=self.probe_workers,
             probe_link=self.probe_link))
 
     def _exchange(self, costs):
-        return costs if self.overlap else step_model.SerializedExchange(costs)
+        return costs if self.overlap else network_model.SerializedExchange(costs)
 
     def collective_cpu(self, name, network):
         """(``host_cpu(lo, hi)``, seconds per pass) of the codec's collectives: the
@@ -227,14 +228,14 @@ class Simulation:
             fit = step_model.LinearGroupCosts(self.sizes, coefficients)
         wire = self.wire(name)
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
-        costs = self._exchange(step_model.FusedGroupCosts(
-            fit, wire, step_model.ALLREDUCE, network, self.probe_workers, self.probe_link))
+        costs = self._exchange(network_model.FusedGroupCosts(
+            fit, wire, network_model.ALLREDUCE, network, self.probe_workers, self.probe_link))
         model = self.model(costs, name, network)
         # Which tensors a pass fuses depends on where the ticks fall, and that
         # on the step the fusion makes: a few rounds find both.
         phase, layouts = 0.0, []
         for _ in range(FUSION_ROUNDS):
-            layout = step_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
+            layout = network_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
                                                       self.fusion_bytes, phase)
             if layout in layouts:
                 break
@@ -294,7 +295,7 @@ class Simulation:
 
     def run_cell(self, workers, bandwidth, latency, codecs):
         """Every config on one network: {label: {...}}."""
-        network = step_model.NetworkCosts(workers, bandwidth, latency)
+        network = network_model.NetworkCosts(workers, bandwidth, latency)
         rows = {}
         for which, label in (("fp32", "horovod fp32"), ("fp16", "horovod fp16")):
             layout, seconds = self.horovod(which, network)

@@ -161,20 +161,18 @@ def measure_group(name, flat, tensors, budget_s=10.0):
     import tensorflow as tf
 
     from tf_mergecomp import MergeComp
-    from tf_mergecomp.bench.exchange import equal_split_sizes
-    from tf_mergecomp.mergecomp import _Layout
+    from benchmarks.exchange import equal_split_sizes
 
     try:
         parts = tf.split(flat, equal_split_sizes(int(flat.shape[0]), tensors))
         mergecomp = MergeComp(name, partitions=1)
         # The engine's own group step, without Horovod: what one group costs
         # on this machine's CPU, state update included.
-        mergecomp._set_layout(_Layout([p.shape for p in parts], [p.dtype for p in parts]))
-        state = mergecomp._state_variables()
+        mergecomp.set_gradient_layout([p.shape for p in parts], [p.dtype for p in parts])
         communicator = _OneWorkerCommunicator()
         step = tf.constant(1, tf.int64)
         reduce_group = tf.function(
-            lambda grads: mergecomp._reduce_group(0, 0, grads, state, step, communicator))
+            lambda grads: mergecomp.reduce_group(grads, communicator, step))
         return {"group_s": time_call(lambda: reduce_group(parts), budget_s=budget_s)}
     except Exception as error:
         return {"error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:120])}
@@ -301,7 +299,7 @@ def group_columns(row, copy_bytes_per_s):
 
 
 def table(result):
-    from tf_mergecomp.bench import report
+    from benchmarks import report
 
     copy = result["copy_bytes_per_s"]
     rows = []

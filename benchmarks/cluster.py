@@ -67,8 +67,8 @@ import math
 import os
 import time
 
-from tf_mergecomp import search, step_model
-from tf_mergecomp.bench import launcher, link_check, models, netns, report, sshd, worker
+from tf_mergecomp.search.algorithm import mean_log_ratio
+from benchmarks import launcher, link_check, models, netns, network_model, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
 LAUNCHERS = launcher.LAUNCHERS
@@ -229,7 +229,7 @@ def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
     error = None
     started = time.time()
     try:
-        launch(["-m", "tf_mergecomp.bench.worker", spec_path], os.path.join(run_dir, "logs"),
+        launch(["-m", "benchmarks.worker", spec_path], os.path.join(run_dir, "logs"),
                spec["timeout_s"], log_prefix=name + "_rank",
                extra_env=rank_environment(args.cpu_allocator, args.pin_cores))
     except launcher.RankFailure as failure:
@@ -369,7 +369,7 @@ def paired_uncertainty(row, other):
              if a > 0 and b > 0]
     if len(pairs) < 3:
         return None
-    _, half_width = search.mean_log_ratio([b / a for a, b in pairs], standard_errors=2)
+    _, half_width = mean_log_ratio([b / a for a, b in pairs], standard_errors=2)
     return math.expm1(half_width)
 
 
@@ -703,7 +703,7 @@ def run(args):
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "isolate": args.isolate,
                # The ranks inherit HOROVOD_CYCLE_TIME: validate simulates that cycle.
-               "horovod_cycle_time_s": step_model.horovod_cycle_s(),
+               "horovod_cycle_time_s": network_model.horovod_cycle_s(),
                "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
                "pin_cores": args.pin_cores,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
@@ -769,7 +769,7 @@ def _write(summary, out_dir):
 
 def rewrite_report(out_dir):
     """cluster.md and cluster.png of an earlier run, from its cluster.json."""
-    from tf_mergecomp.bench import validate
+    from benchmarks import validate
 
     return _write(validate.load_cluster(out_dir), out_dir)
 

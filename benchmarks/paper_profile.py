@@ -1,6 +1,6 @@
 """A profile of the MergeComp paper's setting, built from published figures, not measured.
 
-    python -m tf_mergecomp.bench.paper_profile [--out docs/profiles/resnet50_2xv100_paper.json]
+    python -m benchmarks.paper_profile [--out docs/profiles/resnet50_2xv100_paper.json]
 
 The paper's (arXiv 2103.15195) small testbed: 2 V100 GPUs over PCIe 3.0 or
 NVLink, ResNet50 at 224x224, batch 32 per GPU. No GPU is at hand here, so
@@ -94,7 +94,7 @@ NOTES = [
     "step is taken for both links.",
     "[5] Horovod: 64 MB fusion buffer and 1 ms cycle time, Horovod's defaults "
     "(HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME).",
-    "[6] Codec kernels and passes (KERNELS in tf_mergecomp/bench/paper_profile.py) are counts "
+    "[6] Codec kernels and passes (KERNELS in benchmarks/paper_profile.py) are counts "
     "for a straightforward framework implementation of each codec (GRACE-style), not measured.",
     "[7] Top-k selection: PyTorch's CUDA top-k of the paper's time selected the k-th value of a "
     "slice by radix select over 2-bit digits (RADIX_BITS 2 in its SortingRadixSelect.cuh: 16 "
@@ -139,7 +139,7 @@ def build(batch_size=32):
     import numpy as np
 
     from tf_mergecomp._keras import keras
-    from tf_mergecomp.step_model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES
+    from benchmarks.network_model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES
 
     model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)
     costs = layer_costs(model)
@@ -160,7 +160,7 @@ def build(batch_size=32):
         raise RuntimeError("not every trainable variable was placed")
 
     from tf_mergecomp import compressors
-    from tf_mergecomp.bench.profile import SCHEMA, wire_model
+    from benchmarks.profile import SCHEMA, wire_model
 
     codecs = {}
     for name, (encode_kernels, encode_passes, decode_kernels, decode_passes) in KERNELS.items():
@@ -212,7 +212,7 @@ def build(batch_size=32):
 
 
 def comparison_table(result):
-    from tf_mergecomp.bench import report
+    from benchmarks import report
 
     rows = [[r["codec"], "%d -> %d" % (r["paper_layerwise"], r["paper_mergecomp"]),
              "%+d" % r["paper_gain"],
@@ -256,7 +256,7 @@ def main(argv=None):
                         help="compare the profile at --out with the paper's figure instead, "
                              "and write the comparison to this JSON")
     args = parser.parse_args(argv)
-    from tf_mergecomp.bench.profile import load, save
+    from benchmarks.profile import load, save
 
     if args.compare:
         result = compare_all(load(args.out))
@@ -322,8 +322,8 @@ def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None, 
     """Per codec: the paper's layer-wise and MergeComp scaling factors (%) and the
     simulator's (layer-wise, searched) on 2 workers, with the gaps in points;
     ``overlap`` as in ``Simulation``."""
-    from tf_mergecomp.bench.simulate import Simulation
-    from tf_mergecomp.step_model import NetworkCosts
+    from benchmarks.simulate import Simulation
+    from benchmarks.network_model import NetworkCosts
 
     figures = figures or PAPER_PCIE
     simulation = Simulation(profile, overlap=overlap)
@@ -353,8 +353,8 @@ def bandwidth_for_fp32_scaling(profile, target_percent, latency_s, overlap=True,
     is ``target_percent`` (bisection in log space); ``overlap`` as in ``Simulation``."""
     import math
 
-    from tf_mergecomp.bench.simulate import Simulation
-    from tf_mergecomp.step_model import NetworkCosts
+    from benchmarks.simulate import Simulation
+    from benchmarks.network_model import NetworkCosts
 
     simulation = Simulation(profile, overlap=overlap)
 

@@ -1,8 +1,8 @@
 """Measuring the parts of a training step that the step-time model needs.
 
-The partition search's explore phase (tf_mergecomp/search.py) predicts a
+The partition search's explore phase (tf_mergecomp/search/algorithm.py) predicts a
 partition's step time from measured parts instead of tracing the model once
-per candidate (tf_mergecomp/step_model.py). This module measures them:
+per candidate (tf_mergecomp/search/step_model.py). This module measures them:
 
 - ``GradientOps``: set as ``compression.step_recorder`` while a train step is
   traced, it notes which graph op produces each gradient (and the ops behind

@@ -1,16 +1,16 @@
 """Measured vs simulated step times: the cluster benchmark against the simulator.
 
-    python -m tf_mergecomp.bench validate --cluster DIR[,DIR...]
+    python -m benchmarks validate --cluster DIR[,DIR...]
         --profiles transformer=P.json,resnet50=Q.json [--latency 25us] [--out DIR]
 
 For every config row of each cluster run (``bench cluster``'s cluster.json),
-the simulator (tf_mergecomp/bench/simulate.py) predicts the step time of the
+the simulator (benchmarks/simulate.py) predicts the step time of the
 same config on the same network (the run's workers and tc rate): Horovod
 fp32/fp16 with tensor fusion, and each codec with the partition the run
 actually trained (layer-wise, one group, or what its search chose). The
 collectives move at the rate the run's link check measured (``--links
 delivered``, the default; ``bench cluster``'s links deliver less than their tc
-rate on a host of few cores, tf_mergecomp/bench/link_check.py) or at the
+rate on a host of few cores, benchmarks/link_check.py) or at the
 nominal tc rate (``--links nominal``, and runs recorded without a check).
 Two predictions per row:
 
@@ -37,8 +37,8 @@ import os
 
 import numpy as np
 
-from tf_mergecomp.bench import netns, report, simulate
-from tf_mergecomp.bench.profile import load
+from benchmarks import netns, report, simulate
+from benchmarks.profile import load
 
 REPEAT_SUFFIX = " (repeat)"
 LINK_RATES = ("delivered", "nominal")
@@ -114,7 +114,7 @@ def link_rate(run, group, links="delivered"):
 
 def compare(cluster_runs, profiles, latency=None, links="delivered"):
     """Rows of measured vs simulated step times."""
-    from tf_mergecomp.step_model import HOROVOD_CYCLE_S, NetworkCosts
+    from benchmarks.network_model import HOROVOD_CYCLE_S, NetworkCosts
 
     rows = []
     for run in cluster_runs:

@@ -1,7 +1,7 @@
 """Runs MergeComp's partition search from a training loop, one step at a time.
 
 ``PartitionSearchDriver`` answers the requests of the framework-free search
-(tf_mergecomp/search.py: explore with a step-time model, confirm by
+(tf_mergecomp/search/algorithm.py: explore with a step-time model, confirm by
 interleaved training steps) from the training itself. The Keras callback
 (tf_mergecomp/callback.py) wraps it; custom loops with
 ``hvd.DistributedGradientTape`` use it directly:
@@ -17,7 +17,7 @@ interleaved training steps) from the training itself. The Keras callback
 What the search costs, step by step (defaults in brackets):
 
 - step 1 traces the train step with one group; the engine notes which op
-  produces each gradient (``step_recorder.GradientOps``);
+  produces each gradient (``recorder.GradientOps``);
 - ``warmup_steps`` [2] steps are discarded, then ``profiled_steps`` [4] run
   under TensorFlow's profiler (when each gradient is ready) and as many
   without it (the step's time, to which the ready times are scaled);
@@ -65,7 +65,7 @@ predictions and measurements, its cost); a later run whose fingerprint,
 world size and compression match loads it and skips the search; any mismatch
 is reported and the search runs again. A ``save_path`` that cannot be written
 fails before the first step, on every rank. With ``save_path`` or ``log_dir``,
-rank 0 also draws the search as a PNG (tf_mergecomp/search_plot.py); with
+rank 0 also draws the search as a PNG (tf_mergecomp/search/report.py); with
 ``log_dir``, it writes TensorBoard scalars of the candidates.
 """
 
@@ -78,11 +78,12 @@ import tensorflow as tf
 
 from tf_mergecomp import communication
 from tf_mergecomp import grouping
-from tf_mergecomp import search as search_core
-from tf_mergecomp import step_recorder
-
-FILE_FORMAT = "tf_mergecomp.partition_search/2"
-PLOT_NAME = "mergecomp_search.png"
+from tf_mergecomp._validation import check_int
+from tf_mergecomp.search import algorithm as search_core
+from tf_mergecomp.search import recorder
+from tf_mergecomp.search import restart as horovod_restart
+from tf_mergecomp.search.report import SearchReport, describe
+from tf_mergecomp.search.store import PartitionStore
 
 
 class PartitionSearchDriver:
@@ -101,7 +102,7 @@ class PartitionSearchDriver:
       verbose: 1 prints the search's phases and its result on rank 0; 0 is quiet.
       log_dir: TensorBoard scalars of the candidates, and the PNG.
       codec_on_compute, decodes_after_backprop: the step-time model's codec
-        placement (tf_mergecomp/step_model.py); by default on the backprop
+        placement (tf_mergecomp/search/step_model.py); by default on the backprop
         stream on hosts without a GPU, and decodes after backprop when
         TensorFlow runs ops on one inter-op thread.
       min_turn_seconds: the least a confirm turn should last: where
@@ -134,7 +135,7 @@ class PartitionSearchDriver:
                                      ("warmup_steps", warmup_steps, 0),
                                      ("profiled_steps", profiled_steps, 1),
                                      ("probe_repeats", probe_repeats, 1)):
-            _check_int(name, value, minimum)
+            check_int(name, value, minimum)
         for name, value in (("verbose", verbose), ("restart_horovod", restart_horovod)):
             if value not in (0, 1, True, False):
                 raise ValueError("%s must be 0 or 1, got %r" % (name, value))
@@ -159,6 +160,10 @@ class PartitionSearchDriver:
         self.save_path = None if save_path is None else os.fspath(save_path)
         self.verbose = int(verbose)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        # Timings and decisions averaged over the ranks, rank 0's file answers.
+        self._values = communication.WorkerValues("mergecomp_search")
+        self.store = None if save_path is None else PartitionStore(self.save_path, self._values)
+        self.report = SearchReport(verbose, self.log_dir)
         self.codec_on_compute = codec_on_compute
         self.decodes_after_backprop = decodes_after_backprop
         self.min_turn_seconds = float(min_turn_seconds)
@@ -188,13 +193,9 @@ class PartitionSearchDriver:
         self._switch_back = False
         self._current_layout = None
         self._last_collectives = None
-        self._collective_names = 0
         self._profiler = None
         self._producers = None
         self._probe = None
-        self._writer = None
-        self._save_path_checked = False
-        self._rounds_logged = 0
         self.plot_path = None
 
     # ------------------------------------------------------------ step hooks
@@ -245,7 +246,7 @@ class PartitionSearchDriver:
         if self._role in ("timed", "profiled"):
             if self._role == "profiled":
                 self._profiler.step_ends()
-            self._check_collectives(collectives, "candidate %s" % _describe(self._current_layout))
+            self._check_collectives(collectives, "candidate %s" % describe(self._current_layout))
         try:
             self._role = self._plan.send(seconds)
         except StopIteration:
@@ -262,8 +263,8 @@ class PartitionSearchDriver:
         choice = ()
         if self.algorithm is not None and self.algorithm.relative_seconds():
             choice = self.algorithm.resolved_choice(self.algorithm.fastest())
-        self._log("search stopped early after %d steps: keeping %s" % (
-            self.cost["steps"], _describe(choice)))
+        self.report.log("search stopped early after %d steps: keeping %s" % (
+            self.cost["steps"], describe(choice)))
         self._conclude(choice, save=False)
 
     # ------------------------------------------------------------- custom loops
@@ -280,7 +281,7 @@ class PartitionSearchDriver:
             self.train_functions = self._loop_functions
         # The first step traces the one-group function, noting the ops that
         # produce the gradients for the profile.
-        self._producers = step_recorder.GradientOps()
+        self._producers = recorder.GradientOps()
         self.compression.step_recorder = self._producers
         self.restart_blocker = self._why_not_restart()
         self._activate((), fresh=True, restart=False)
@@ -301,13 +302,13 @@ class PartitionSearchDriver:
         saved, reason = self._load_decision()
         if saved is not None:
             self.loaded_from = self.save_path
-            self._log("reusing the partition saved in %s: %s" % (self.save_path, _describe(saved)))
+            self.report.log("reusing the partition saved in %s: %s" % (self.save_path, describe(saved)))
             self._conclude(tuple(saved), save=False)
             return
         self.reason_for_search = reason
-        self._log("searching the partition of %d gradient tensors%s" % (
+        self.report.log("searching the partition of %d gradient tensors%s" % (
             len(sizes), ": %s" % reason if reason else ""))
-        self._log("restarting Horovod at each switch of candidate, so that no candidate's "
+        self.report.log("restarting Horovod at each switch of candidate, so that no candidate's "
                   "cached collectives slow down the others" if self.restart_blocker is None
                   else "not restarting Horovod between candidates: %s" % self.restart_blocker)
         codec_on_compute, decodes_after = self._codec_placement()
@@ -322,20 +323,20 @@ class PartitionSearchDriver:
             elif request.kind == "probe":
                 answer = self._probe_layouts(request.layouts)
             elif request.kind == "warm":
-                self._log_finalists()
+                self.report.finalists(self.algorithm, self.compression.num_tensors, self.rounds)
                 answer = yield from self._warm(request.layouts)
             else:
                 answer = yield from self._time(request.splits)
             request = self.algorithm.answer(answer)
             if self.algorithm.rounds_measured:
-                self._log_rounds()
-        self._log_rounds(final=True)
+                self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds)
+        self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds, final=True)
         self._conclude(self.algorithm.choice, save=True)
 
     def _profile(self):
         for _ in range(self.warmup_steps):
             yield "discard"
-        self._profiler = step_recorder.StepProfiler()
+        self._profiler = recorder.StepProfiler()
         if not self._profiler.start():
             self.profile_note = self._profiler.error
         for _ in range(self.profiled_steps):
@@ -359,32 +360,32 @@ class PartitionSearchDriver:
         else:
             ready, under_profiler = np.full(n, np.nan), plain
             self.profile_note = self.profile_note or "no profile"
-        ready = self._mean_over_workers(ready)
-        under_profiler = self._average_over_workers(under_profiler)
-        plain = self._average_over_workers(plain)
+        ready = self._values.mean_of_finite(ready, "ready")
+        under_profiler = float(self._values.average(under_profiler, "seconds"))
+        plain = float(self._values.average(plain, "seconds"))
         self.turn_steps = steps_per_turn(plain, self.steps_per_candidate, self.min_turn_seconds)
         ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
         seen = ready[np.isfinite(ready)]
-        self._log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
+        self.report.log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
                   "gradients ready from %s to %s ms%s" % (
                       self.profiled_steps, 1e3 * plain, 1e3 * under_profiler,
                       "%.1f" % (1e3 * seen.min()) if seen.size else "?",
                       "%.1f" % (1e3 * seen.max()) if seen.size else "?",
                       " (%s)" % self.profile_note if self.profile_note else ""))
         if self.turn_steps != self.steps_per_candidate:
-            self._log("confirm turns of %d timed steps (at least %.2f s each)" % (
+            self.report.log("confirm turns of %d timed steps (at least %.2f s each)" % (
                 self.turn_steps, self.min_turn_seconds))
         return search_core.ProfileResult(plain, ready)
 
     def _probe_layouts(self, layouts):
         started = time.perf_counter()
         if self._probe is None:
-            self._probe = step_recorder.ExchangeProbe(self.compression)
+            self._probe = recorder.ExchangeProbe(self.compression)
         answers = []
         for layout in layouts:
             samples = self._probe.run(layout, repeats=self.probe_repeats)
             answers.append(self._combine_probe(samples))
-        self._log("probed %d groups of %d layouts alone in %.1f s" % (
+        self.report.log("probed %d groups of %d layouts alone in %.1f s" % (
             sum(len(a) for a in answers), len(layouts), time.perf_counter() - started))
         return answers
 
@@ -402,7 +403,7 @@ class PartitionSearchDriver:
         for _ in range(self.turn_steps):
             seconds.append((yield "timed"))
         local = float(np.median(seconds))
-        averaged = self._average_over_workers(local)
+        averaged = float(self._values.average(local, "seconds"))
         record = self._history_record(layout)
         record["rounds_s"].append(averaged)
         record["local_rounds_s"].append(local)
@@ -429,33 +430,6 @@ class PartitionSearchDriver:
         self.history.append(record)
         return record
 
-    def _log_finalists(self):
-        a, n = self.algorithm, self.compression.num_tensors
-        self._log("predicted %s; confirming %s against one group and layer-wise in %d "
-                  "interleaved rounds, after an untimed turn of each" % (
-                      ", ".join("%s %.2f ms" % (_short(l, n), 1e3 * a.predictions[l])
-                                for l in [()] + a.finalist_layouts if l in a.predictions),
-                      ", ".join(_short(l, n) for l in a.finalist_layouts) or "nothing else",
-                      self.rounds))
-
-    def _log_rounds(self, final=False):
-        """One line per finished confirm round (a round is over once the next began)."""
-        rounds = self.algorithm.rounds_measured
-        finished = len(rounds) if final else len(rounds) - 1
-        while self._rounds_logged < finished:
-            measured = rounds[self._rounds_logged]
-            self._rounds_logged += 1
-            if self._rounds_logged <= self.rounds:
-                title = "round %d of %d" % (self._rounds_logged, self.rounds)
-            else:
-                title = "round %d (extra, the leader's gain over one group unresolved)" % (
-                    self._rounds_logged)
-            self._log("%s: %s" % (title, ", ".join(
-                "%s %.2f ms%s" % (_short(layout, self.compression.num_tensors), 1e3 * seconds,
-                                  " (predicted %.2f)" % (1e3 * self.algorithm.predictions[layout])
-                                  if layout in self.algorithm.predictions else "")
-                for layout, seconds in measured.items())))
-
     def _activate(self, layout, fresh=False, restart=True):
         """Makes the next step train with ``layout``; True when that traces.
 
@@ -465,13 +439,13 @@ class PartitionSearchDriver:
         restart Horovod together."""
         if restart and self.restart_blocker is None:
             started = time.perf_counter()
-            problem = communication.restart_horovod()
+            problem = horovod_restart.restart_horovod()
             self.cost["restart_seconds"] += time.perf_counter() - started
             if problem is None:
                 self.cost["horovod_restarts"] += 1
             else:
                 self.restart_blocker = problem
-                self._log("no longer restarting Horovod between candidates: %s" % problem)
+                self.report.log("no longer restarting Horovod between candidates: %s" % problem)
         self._current_layout = tuple(layout)
         new = self.train_functions.use(self._current_layout, fresh=fresh)
         if new:
@@ -494,33 +468,15 @@ class PartitionSearchDriver:
         self.cost["tracings"] = self.train_functions.tracings()
         self._probe = None
         if self.algorithm is None or not self.algorithm.rounds_measured:
-            self._log("%s, after %d traces of the train step, %d steps, %.1f s" % (
-                _describe(choice), self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
+            self.report.log("%s, after %d traces of the train step, %d steps, %.1f s" % (
+                describe(choice), self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
             return
-        measured = self.algorithm.measured_seconds()
-        n = self.compression.num_tensors
-        sentinels = []
-        if () in measured:
-            sentinels.append("one group %.2f ms" % (1e3 * measured[()]))
-        layerwise = grouping.layerwise_splits(n)
-        if n > 1 and layerwise in measured:
-            sentinels.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
-        relative = self.algorithm.relative_seconds()
-        if layerwise in relative and n > 1:
-            sentinels.append("layer-wise/one group %.3f" % relative[layerwise])
-        self._log("chose %s: %.2f ms/step, %.3fx one group's step in the same rounds (%s; "
-                  "medians of %d interleaved rounds); the search spent %d traces of the train "
-                  "step, %d steps, %.1f s" % (
-                      _describe(choice), 1e3 * measured.get(choice, float("nan")),
-                      relative.get(choice, float("nan")),
-                      ", ".join(sentinels), len(self.algorithm.rounds_measured),
-                      self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
-        for note in self.algorithm.notes:
-            self._log(note)
-        self._tensorboard(choice)
-        if save and self.save_path is not None:
-            self._save(choice)
-        self._plot(choice)
+        self.report.choice(self.algorithm, choice, self.compression.num_tensors, self.cost)
+        self.report.tensorboard(self.algorithm, self.history, choice)
+        if save and self.store is not None:
+            if self.store.save(self._identity(), self._record(choice)):
+                self.report.log("saved the partition to %s" % self.save_path)
+        self.plot_path = self.report.plot(self.algorithm, choice, self.save_path)
 
     def _codec_placement(self):
         on_compute = self.codec_on_compute
@@ -534,9 +490,9 @@ class PartitionSearchDriver:
     def _why_not_restart(self):
         if not self.restart_horovod:
             return "restart_horovod=False"
-        if self._hvd() is None:
+        if communication.running_horovod() is None:
             return "Horovod is not initialized"
-        return communication.restart_blocker()
+        return horovod_restart.restart_blocker()
 
     def _check_collectives(self, collectives, what):
         self._last_collectives = collectives
@@ -554,119 +510,43 @@ class PartitionSearchDriver:
     def _collectives(self):
         return int(self.compression.collectives_executed.numpy())
 
-    # ---------------------------------------------------------- ranks and files
-    def _hvd(self):
-        try:
-            import horovod.tensorflow as hvd
-        except ImportError:
-            return None
-        return hvd if hvd.is_initialized() else None
-
-    def _rank(self):
-        hvd = self._hvd()
-        return 0 if hvd is None else hvd.rank()
-
-    def _world_size(self):
-        hvd = self._hvd()
-        return 1 if hvd is None else hvd.size()
-
-    def _allreduce(self, values, op_name, name):
-        hvd = self._hvd()
-        values = np.asarray(values, dtype=np.float64)
-        if hvd is None or hvd.size() == 1:
-            return values
-        op = {"average": hvd.Average, "min": hvd.Min, "sum": hvd.Sum}[op_name]
-        # A name of its own per call: the shapes differ from call to call.
-        self._collective_names += 1
-        return hvd.allreduce(tf.constant(values), op=op,
-                             name="%s.%d" % (name, self._collective_names)).numpy()
-
-    def _average_over_workers(self, seconds):
-        return float(self._allreduce(seconds, "average", "mergecomp_search_seconds"))
-
-    def _mean_over_workers(self, values):
-        """Elementwise mean over the workers that have a value (NaN: none has)."""
-        values = np.asarray(values, dtype=np.float64)
-        seen = np.isfinite(values)
-        total = self._allreduce(np.where(seen, values, 0.0), "sum", "mergecomp_search_ready")
-        count = self._allreduce(seen.astype(np.float64), "sum", "mergecomp_search_ready_count")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(count > 0, total / np.maximum(count, 1), np.nan)
-
+    # ------------------------------------------------------- ranks and files
     def _combine_probe(self, samples):
         """[groups, 3] from every rank's [repeats, groups, 3]: encode and decode
         averaged over the ranks, the collective the least over the ranks (the
         last rank to arrive waits for no one: its time is the transfer's), then
         the median over the repeats."""
-        encode_decode = self._allreduce(samples, "average", "mergecomp_probe_codec")
-        collective = self._allreduce(samples[:, :, 1], "min", "mergecomp_probe_collective")
+        encode_decode = self._values.average(samples, "probe_codec")
+        collective = self._values.minimum(samples[:, :, 1], "probe_collective")
         combined = np.array(encode_decode)
         combined[:, :, 1] = collective
         return np.median(combined, axis=0)
 
     def check_save_path(self):
-        """Fails on every rank, before training, when rank 0 cannot write save_path
-        (every rank must call it: it broadcasts rank 0's finding). Runs once."""
-        if self.save_path is None or self._save_path_checked:
-            return
-        self._save_path_checked = True
-        problem = _unwritable_reason(self.save_path) if self._rank() == 0 else None
-        hvd = self._hvd()
-        if hvd is not None and hvd.size() > 1:
-            problem = hvd.broadcast_object(problem, root_rank=0,
-                                           name="mergecomp_search_save_path_check")
-        if problem:
-            raise ValueError("MergeComp search: save_path %r cannot be written on rank 0: %s"
-                             % (self.save_path, problem))
+        """Fails on every rank, before training, when rank 0 cannot write
+        ``save_path`` (every rank must call it). Runs once."""
+        if self.store is not None:
+            self.store.check_writable()
 
     def _load_decision(self):
-        """(saved splits or None, why a search is needed), decided on rank 0 for all ranks."""
-        if self.save_path is None:
+        """(saved splits or None, why a search is needed), the same on every rank."""
+        if self.store is None:
             return None, None
-        decision = self._read_saved() if self._rank() == 0 else None
-        hvd = self._hvd()
-        if hvd is not None and hvd.size() > 1:
-            decision = hvd.broadcast_object(decision, root_rank=0,
-                                            name="mergecomp_search_saved_partition")
-        return decision
-
-    def _read_saved(self):
-        path = self.save_path
-        if not os.path.exists(path):
-            return None, "no saved partition at %s" % path
-        try:
-            with open(path) as f:
-                saved = json.load(f)
-        except (OSError, ValueError) as exc:
-            return None, "cannot read %s (%s)" % (path, exc)
-        expected = self._identity()
-        if not isinstance(saved, dict) or saved.get("format") != FILE_FORMAT:
-            return None, "%s is not a saved partition (format %r)" % (path, FILE_FORMAT)
-        for key, value in expected.items():
-            if saved.get(key) != value:
-                return None, "%s was saved for a different %s (%r there, %r here)" % (
-                    path, key.replace("_", " "), saved.get(key), value)
-        partition = saved.get("partition")
-        n = self.compression.num_tensors
-        if (not isinstance(partition, list) or any(not isinstance(s, int) for s in partition)
-                or partition != sorted(set(partition)) or any(not 0 < s < n for s in partition)):
-            return None, "%s holds an invalid partition %r" % (path, partition)
-        return partition, None
+        return self.store.load(self._identity(), self.compression.num_tensors)
 
     def _identity(self):
         description = dict(self.compression.describe())
         description.pop("splits", None)
         return {
             "model_fingerprint": self.compression.model_fingerprint(),
-            "world_size": self._world_size(),
+            "world_size": communication.world_size(),
             "compression": json.loads(json.dumps(description)),
         }
 
-    def _document(self, choice):
+    def _record(self, choice):
+        """What the saved file holds beside the identity."""
         measured = self.algorithm.measured_seconds()
-        document = {"format": FILE_FORMAT}
-        document.update(self._identity())
-        document.update({
+        return {
             "partition": list(choice),
             "num_groups": len(choice) + 1,
             "seconds_per_step": measured.get(tuple(choice)),
@@ -682,61 +562,7 @@ class PartitionSearchDriver:
                          "resolve_rounds": self.algorithm.resolve_rounds,
                          "standard_errors": self.algorithm.standard_errors},
             "search": self.algorithm.summary(),
-        })
-        return json.loads(json.dumps(document, default=_jsonable))
-
-    def _save(self, choice):
-        if self._rank() != 0:
-            return
-        document = self._document(choice)
-        directory = os.path.dirname(os.path.abspath(self.save_path))
-        os.makedirs(directory, exist_ok=True)
-        temporary = self.save_path + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(document, f, indent=1)
-        os.replace(temporary, self.save_path)
-        self._log("saved the partition to %s" % self.save_path)
-
-    def _plot(self, choice):
-        if self._rank() != 0 or (self.save_path is None and self.log_dir is None):
-            return
-        if self.save_path is not None:
-            path = os.path.splitext(self.save_path)[0] + ".png"
-        else:
-            path = os.path.join(self.log_dir, PLOT_NAME)
-        try:
-            from tf_mergecomp import search_plot
-
-            search_plot.plot_search(self.algorithm, choice, path)
-        except ImportError as error:
-            self._log("no picture of the search: %s" % error)
-            return
-        self.plot_path = path
-        self._log("drew the search in %s" % path)
-
-    def _log(self, message):
-        if self.verbose and self._rank() == 0:
-            print("MergeComp search: " + message, flush=True)
-
-    def _tensorboard(self, choice):
-        if self.log_dir is None or self._rank() != 0:
-            return
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
-        measured = self.algorithm.measured_seconds()
-        with self._writer.as_default():
-            for record in self.history:
-                layout = tuple(record["splits"])
-                step = record["candidate"]
-                tf.summary.scalar("mergecomp_search/candidate_seconds", measured[layout], step=step)
-                tf.summary.scalar("mergecomp_search/candidate_groups", record["groups"], step=step)
-                if record["predicted_s"] is not None:
-                    tf.summary.scalar("mergecomp_search/candidate_predicted_seconds",
-                                      record["predicted_s"], step=step)
-            if tuple(choice) in measured:
-                tf.summary.scalar("mergecomp_search/chosen_seconds", measured[tuple(choice)],
-                                  step=0)
-        self._writer.flush()
+        }
 
 
 class _LoopFunctions:
@@ -777,62 +603,13 @@ class _LoopFunctions:
                 del functions[other]
 
     def tracings(self):
-        return sum(_tracing_count(f) for _, _, functions in self.registered
+        return sum(tracing_count(f) for _, _, functions in self.registered
                    for f in functions.values())
 
 
-class KerasTrainFunctions:
-    """Keras: one train function per layout, swapped into ``model.train_function``
-    (``fit`` looks it up at every step)."""
-
-    def __init__(self, model, compression):
-        self.model = model
-        self.compression = compression
-        self.functions = {}
-        self._tracings = 0
-
-    def use(self, layout, fresh=False):
-        """Makes ``model`` train with ``layout`` from its next step; True when
-        that needs a new train function (a trace)."""
-        self.compression.set_partition(list(layout) if layout else 1)
-        if layout in self.functions and not fresh:
-            self.model.train_function = self.functions[layout]
-            return False
-        self.model.make_train_function(force=True)
-        self.functions[layout] = self.model.train_function
-        return True
-
-    def keep_only(self, layout):
-        for other in [l for l in self.functions if l != layout]:
-            self._tracings += _tracing_count(self.functions.pop(other))
-
-    def tracings(self):
-        return self._tracings + sum(_tracing_count(f) for f in self.functions.values())
-
-
-def _tracing_count(function):
+def tracing_count(function):
     counter = getattr(function, "experimental_get_tracing_count", None)
     return int(counter()) if counter is not None else 0
-
-
-def _unwritable_reason(path):
-    """Why ``path`` cannot be written (None if it can): tried by creating its
-    folder and a file beside it, as the save will."""
-    path = os.path.abspath(path)
-    if os.path.isdir(path):
-        return "it is a directory"
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, exist_ok=True)
-        trial = path + ".write_check"
-        with open(trial, "w") as f:
-            f.write("")
-        os.remove(trial)
-    except OSError as error:
-        return "%s: %s" % (type(error).__name__, error)
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        return "the file exists and is read-only"
-    return None
 
 
 _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
@@ -852,18 +629,6 @@ def steps_per_turn(step_seconds, steps_per_candidate, min_turn_seconds):
     return int(min(MAX_TURN_FACTOR * steps_per_candidate, max(steps_per_candidate, wanted)))
 
 
-def _jsonable(value):
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating,)):
-        return float(value)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError("not JSON-able: %r" % (value,))
-
-
 def _wait_for(value):
     if isinstance(value, (tf.Tensor, tf.Variable)) and not isinstance(value, tf.SparseTensor):
         value.numpy()
@@ -876,28 +641,3 @@ def _role_of(layout, n):
     if tuple(layout) == grouping.layerwise_splits(n):
         return "layer-wise"
     return "predicted"
-
-
-def _short(splits, n):
-    if not splits:
-        return "one group"
-    if len(splits) == n - 1:
-        return "layer-wise"
-    return "%s" % (list(splits),)
-
-
-def _describe(splits):
-    splits = tuple(splits)
-    if not splits:
-        return "1 group"
-    shown = ", ".join(str(s) for s in splits[:8]) + (", ..." if len(splits) > 8 else "")
-    return "%d groups, splits (%s)" % (len(splits) + 1, shown)
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
-
-
-# The names this driver had before it answered a two-phase search.
-PartitionSearch = PartitionSearchDriver

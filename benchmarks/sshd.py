@@ -38,7 +38,7 @@ import subprocess
 import tempfile
 import time
 
-from tf_mergecomp.bench import netns
+from benchmarks import netns
 
 SSH_PORT = 2222
 _START_TIMEOUT_S = 30

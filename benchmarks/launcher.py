@@ -18,7 +18,7 @@ machine's filesystem, so the venv's python and the project are at the same
 paths, as on a cluster with a shared home. Its output (each line prefixed
 with ``[rank]<stdout>:``) goes to one log.
 
-    python -m tf_mergecomp.bench.launcher [--launcher horovodrun] [--workers 2]
+    python -m benchmarks.launcher [--launcher horovodrun] [--workers 2]
         [--bandwidth 1gbit] [--timeout 900] SCRIPT [ARGS...]
 
 runs ``python SCRIPT ARGS`` that way on a fresh virtual cluster (root), prints
@@ -40,9 +40,9 @@ import threading
 import time
 
 from tf_mergecomp import _keras
-from tf_mergecomp.bench import netns, sshd
+from benchmarks import netns, sshd
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCHERS = ("direct", "horovodrun")
 # horovodrun's time for ssh checks, task services and the interface probe
 # (its default, 30 s, is short for a contended 2-core machine).
@@ -200,7 +200,7 @@ def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
     with open(spec_path, "w") as f:
         json.dump(spec, f, indent=1)
     log_path = os.path.join(out_dir, "horovodrun.log")
-    repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo_root = _REPO_ROOT
     command = [horovodrun_path(), "-np", str(num_proc), "--gloo", sys.executable, "-m", module,
                "--worker", spec_path]
     env = _keras.child_environ(
@@ -273,7 +273,7 @@ def open_launcher(name, cluster):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench.launcher",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.launcher",
                                      description="Runs a training script on a virtual cluster "
                                                  "of network namespaces (root).")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun")

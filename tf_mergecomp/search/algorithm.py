@@ -15,10 +15,10 @@ Explore (no trace of the model per candidate)
      gradient becomes ready and how long the step takes.
   2. Probe: each group of a few balanced layouts (1, 2, 4, 8, 16 groups) is
      encoded, exchanged and decoded alone on tensors of the real shapes
-     (tf_mergecomp/step_recorder.py); a fixed cost plus a cost per element and
+     (tf_mergecomp/search/recorder.py); a fixed cost plus a cost per element and
      per tensor is fitted to each part.
   3. Predict every candidate's step time with the step-time model
-     (tf_mergecomp/step_model.py) and pick the fastest layout of each group
+     (tf_mergecomp/search/step_model.py) and pick the fastest layout of each group
      count from 2 to ``max_groups`` (every layout when there are at most
      ``exhaustive_limit`` of that count, else a grid of cut positions refined
      cut by cut). The groups of those layouts are probed too and the
@@ -64,7 +64,7 @@ the first request, ``answer(value)`` the next (None when done).
                        and answer its seconds per step.
 
 Every worker must answer the same values (averaged over workers), so that all
-take the same decisions. ``tf_mergecomp/search_driver.py`` answers them from a
+take the same decisions. ``tf_mergecomp/search/driver.py`` answers them from a
 training loop; ``run_search`` from plain functions (tests, simulations).
 
 Layouts: N tensors in backprop order; a layout is a sorted tuple of split
@@ -76,7 +76,8 @@ import numbers
 
 import numpy as np
 
-from tf_mergecomp import step_model
+from tf_mergecomp.search import step_model
+from tf_mergecomp._validation import check_int
 from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 
 
@@ -162,7 +163,7 @@ class PartitionSearchAlgorithm:
       finalists: how many predicted layouts are confirmed beside the sentinels.
       rounds: confirm rounds.
       codec_on_compute, decodes_after_backprop: where the codec runs, for the
-        step-time model (see tf_mergecomp/step_model.py).
+        step-time model (see tf_mergecomp/search/step_model.py).
       exhaustive_limit: evaluate every layout of a group count when there are
         at most this many, else search a grid and refine.
       refinements: how many times the finalists' groups are probed and the
@@ -182,12 +183,12 @@ class PartitionSearchAlgorithm:
         for size in sizes:
             if isinstance(size, bool) or not isinstance(size, numbers.Real) or size < 0:
                 raise ValueError("sizes must be non-negative numbers, got %r" % (size,))
-        _check_int("max_groups", max_groups, 1)
-        _check_int("finalists", finalists, 0)
-        _check_int("rounds", rounds, 1)
-        _check_int("exhaustive_limit", exhaustive_limit, 1)
-        _check_int("refinements", refinements, 0)
-        _check_int("resolve_rounds", resolve_rounds, 0)
+        check_int("max_groups", max_groups, 1)
+        check_int("finalists", finalists, 0)
+        check_int("rounds", rounds, 1)
+        check_int("exhaustive_limit", exhaustive_limit, 1)
+        check_int("refinements", refinements, 0)
+        check_int("resolve_rounds", resolve_rounds, 0)
         if isinstance(standard_errors, bool) or not isinstance(standard_errors, numbers.Real) \
                 or not 0 <= standard_errors < math.inf:
             raise ValueError("standard_errors must be a finite number >= 0, got %r"
@@ -341,7 +342,7 @@ class PartitionSearchAlgorithm:
         fitted = step_model.LinearGroupCosts.fit(self.sizes, groups,
                                                  [self.probed[g] for g in groups])
         costs = step_model.MeasuredGroupCosts(fitted, self.probed)
-        self.ready = _fill_ready(self.profile.ready, self.sizes)
+        self.ready = fill_ready(self.profile.ready, self.sizes)
         model = step_model.StepTimeModel(self.ready, costs, 0.0, self.codec_on_compute,
                                          self.decodes_after_backprop)
         # The tail (optimizer update, per-step overhead) is what the measured
@@ -585,7 +586,7 @@ def _top(layouts, times, count):
     return [(tuple(int(c) for c in layouts[i]), float(times[i])) for i in order]
 
 
-def _fill_ready(ready, sizes):
+def fill_ready(ready, sizes):
     """Ready times with the gaps (gradients the profile did not see) filled
     from their neighbours, made non-decreasing (jitter averaged, not maxed)."""
     ready = np.asarray(ready, dtype=np.float64)
@@ -617,11 +618,6 @@ def _rotated(items, shift):
         return []
     shift %= len(items)
     return items[shift:] + items[:shift]
-
-
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
 
 
 class SearchResult:
@@ -673,7 +669,3 @@ def run_search(sizes, profile, probe, time_candidate, **options):
         request = algorithm.answer(answer)
     return SearchResult(algorithm, counts)
 
-
-# The name the search core had before it explored with a step-time model
-# (its interface changed with it: requests instead of propose/report).
-PartitionSearcher = PartitionSearchAlgorithm

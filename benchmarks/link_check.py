@@ -165,7 +165,7 @@ def measure_on_rank_cores(cluster, nominal_bytes_per_s, pin_cores):
     """``measure``, each worker's side on its rank's share of this process's
     cores when the ranks keep to theirs (``worker.own_cores``); a check that
     fails gives ``{"error": ...}`` instead, for the caller to report and go on."""
-    from tf_mergecomp.bench import worker
+    from benchmarks import worker
 
     workers = len(cluster.namespaces)
     cores = sorted(os.sched_getaffinity(0))

@@ -1,6 +1,6 @@
 """A GPU profile for the simulator from `make gpu-check`'s measured codec costs.
 
-    python -m tf_mergecomp.bench.gpu_profile GPU_CODECS_JSON \
+    python -m benchmarks.gpu_profile GPU_CODECS_JSON \
         [--base docs/profiles/resnet50_2xv100_paper.json] [--out P.json]
 
 `make gpu-check` (gpu_check/bench.py) times, on a GPU, each codec's group
@@ -30,7 +30,7 @@ DEFAULT_BASE = os.path.join("docs", "profiles", "resnet50_2xv100_paper.json")
 
 
 def load_report(path):
-    from tf_mergecomp.bench.profile import read_json
+    from benchmarks.profile import read_json
 
     report = read_json(path, "gpu-check report")
     if report.get("dry_run"):
@@ -48,7 +48,7 @@ def codec_fits(report):
     every model and mode the report measured."""
     import numpy as np
 
-    from tf_mergecomp.step_model import fit_coefficients
+    from tf_mergecomp.search.step_model import fit_coefficients
 
     by_codec = {}
     for row in report["results"]:
@@ -78,7 +78,7 @@ def codec_fits(report):
 
 def build(report, base, report_path="gpu_codecs.json"):
     """The base profile with the codec costs gpu-check measured."""
-    from tf_mergecomp.bench import profile as profile_module
+    from benchmarks import profile as profile_module
 
     profile_module.validate(base)
     fits = codec_fits(report)
@@ -117,7 +117,7 @@ def main(argv=None):
                              "(default %s)" % DEFAULT_BASE)
     parser.add_argument("--out", default=os.path.join("bench_results", "profile_gpu.json"))
     args = parser.parse_args(argv)
-    from tf_mergecomp.bench import profile as profile_module
+    from benchmarks import profile as profile_module
 
     try:
         result = build(load_report(args.report), profile_module.load(args.base), args.report)

@@ -1,6 +1,6 @@
 """One rank's gradient exchange: layer-wise vs one group vs 4 groups, per gradient set.
 
-    python -m tf_mergecomp.bench exchange [--tensor-counts 1,16,64,256,1024] [--megabytes 16]
+    python -m benchmarks exchange [--tensor-counts 1,16,64,256,1024] [--megabytes 16]
         [--models resnet50,vgg16,transformer] [--algorithms fp16,topk,...] [--rounds 7]
 
 Times MergeComp's whole exchange (flatten, error feedback, encode, the
@@ -33,7 +33,7 @@ import sys
 import time
 
 from tf_mergecomp import _keras
-from tf_mergecomp.bench import report
+from benchmarks import report
 
 # (key, MergeComp partitions, fewest tensors it needs, table heading)
 CONFIGS = (
@@ -87,7 +87,7 @@ def gradient_shapes(gradient_set):
     import gc
 
     from tf_mergecomp._keras import keras
-    from tf_mergecomp.bench import models
+    from benchmarks import models
 
     model = models.build_model(gradient_set["model"])
     shapes = [v.shape.as_list() for v in model.trainable_variables]
@@ -198,7 +198,7 @@ def summarize(gradient_set, algorithm, measured):
 
 def _run_child(gradient_set, algorithm, rounds, environment):
     output = subprocess.run(
-        [sys.executable, "-m", "tf_mergecomp.bench.exchange", "--child",
+        [sys.executable, "-m", "benchmarks.exchange", "--child",
          json.dumps(gradient_set), algorithm, str(rounds)],
         env=environment, capture_output=True, text=True, timeout=1800)
     if output.returncode != 0:
@@ -209,7 +209,7 @@ def _run_child(gradient_set, algorithm, rounds, environment):
 
 def run(sets, algorithms, rounds=7, cpu_allocator="bfc", log=print):
     """{"rows": [...], ...}: one child process per (gradient set, algorithm), one at a time."""
-    from tf_mergecomp.bench.cluster import cpu_allocator_environment
+    from benchmarks.cluster import cpu_allocator_environment
 
     environment = _keras.child_environ(TF_CPP_MIN_LOG_LEVEL="2",
                                        **cpu_allocator_environment(cpu_allocator))

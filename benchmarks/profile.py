@@ -1,6 +1,6 @@
 """One model's step profile on this machine: what the step-time simulator needs.
 
-    python -m tf_mergecomp.bench profile --model resnet50|vgg16|transformer|NAME
+    python -m benchmarks profile --model resnet50|vgg16|transformer|NAME
         [--out P.json] [--codecs none,fp16,...] [--quick] [--processes N]
 
 Records, in a child process with one TensorFlow thread (as the cluster
@@ -11,7 +11,7 @@ benchmark's ranks run) and Horovod of size 1 (or N, below):
   of the step (TensorFlow's profiler over 4 steps with MergeComp's no-op
   codec in one group, as the partition search profiles; the ready times are
   scaled from the profiled step to a plain one, since the profiler slows
-  every op) -- tf_mergecomp/step_recorder.py; then scaled to the plain local
+  every op) -- tf_mergecomp/search/recorder.py; then scaled to the plain local
   step (``to_plain_step``: the profiled one-group step runs slower than the
   plain one on this shared machine);
 - the forward pass, the optimizer update and the whole plain local step
@@ -19,7 +19,7 @@ benchmark's ranks run) and Horovod of size 1 (or N, below):
   last ready time - forward; tail = plain step - last ready time (the
   optimizer update and Keras' per-step work);
 - each codec's cost curve: the exchange probe of the partition search
-  (``step_recorder.ExchangeProbe``) times each group's encode, collective
+  (``recorder.ExchangeProbe``) times each group's encode, collective
   and decode alone on random tensors of the model's gradient shapes, for
   balanced layouts of 1, 2, 4, 8, 16 groups and layer-wise (``--quick``: 1, 4
   and layer-wise); ``step_model.LinearGroupCosts.fit`` fits a fixed cost per
@@ -40,7 +40,7 @@ the host's share of a collective (Gloo's CPU reduction, software float16
 sums, the copies of every gathered row, the kernel's TCP work) lands in the
 codec's collective part, and an allgather codec's decode reads N rows. The
 profile records N as ``horovod.probe_workers``; the simulator scales those
-per-byte parts to W workers (tf_mergecomp/step_model.py, ``NetworkGroupCosts``).
+per-byte parts to W workers (tf_mergecomp/search/step_model.py, ``NetworkGroupCosts``).
 The loopback's own transfer is in them too: the profile measures what the
 ranks' loopback ring delivers (``link_check``, every rank sending to the next
 at once on its own cores) and records the check as ``probe_link``,
@@ -57,10 +57,10 @@ one core are not those of a rank the scheduler moves across two
 function of no arguments returning a built model) or the name of a
 ``keras.applications`` model (built at 32x32x3, 10 classes, no weights);
 its data is one synthetic batch of its input's shape and dtype
-(tf_mergecomp/bench/models.py).
+(benchmarks/models.py).
 
 The JSON (``SCHEMA``) holds ``source: "measured on <host>"``; a profile built
-from published figures (tf_mergecomp/bench/paper_profile.py) says so there.
+from published figures (benchmarks/paper_profile.py) says so there.
 ``load`` checks a profile and names what is missing or wrong.
 """
 
@@ -246,7 +246,7 @@ def _timed_calls(function, calls):
 
 def measure(model_name, codecs, quick, batch_size=32):
     """The profile's measured fields, in this process (TensorFlow, Horovod size 1)."""
-    from tf_mergecomp.bench.worker import pin_to_own_cores
+    from benchmarks.worker import pin_to_own_cores
 
     cores = pin_to_own_cores()  # before TensorFlow starts its thread pools
     import numpy as np
@@ -257,9 +257,10 @@ def measure(model_name, codecs, quick, batch_size=32):
     tf.config.threading.set_inter_op_parallelism_threads(threads)
     import horovod.tensorflow.keras as hvd
 
-    from tf_mergecomp import MergeComp, step_model, step_recorder
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.search import recorder, step_model
     from tf_mergecomp._keras import keras
-    from tf_mergecomp.bench import models
+    from benchmarks import models
     from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 
     hvd.init()
@@ -289,12 +290,12 @@ def measure(model_name, codecs, quick, batch_size=32):
     profiled_model = models.build_model(model_name)
     profiled_model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.0),
                                                               compression=mergecomp), loss=loss)
-    producers = step_recorder.GradientOps()
+    producers = recorder.GradientOps()
     mergecomp.step_recorder = producers
     profiled_model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)  # traces
     mergecomp.step_recorder = None
     profiled_model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
-    profiler = step_recorder.StepProfiler()
+    profiler = recorder.StepProfiler()
     profiled = []
     note = None
     if profiler.start():
@@ -318,10 +319,10 @@ def measure(model_name, codecs, quick, batch_size=32):
                 unseen, n)
     else:
         ready = np.full(n, np.nan)
-    from tf_mergecomp.search import _fill_ready
+    from tf_mergecomp.search.algorithm import fill_ready
 
     if np.isfinite(ready).any():
-        ready = _fill_ready(ready, sizes)
+        ready = fill_ready(ready, sizes)
     else:  # no profile: gradients spread evenly over backprop, as a last resort
         ready = forward_s + (step_s - forward_s - optimizer_s) * np.arange(1, n + 1) / n
         note = (note or "") + "; ready times spread evenly"
@@ -344,7 +345,7 @@ def measure(model_name, codecs, quick, batch_size=32):
         codec_started = time.perf_counter()
         codec_mergecomp = MergeComp(name)
         shim = _ProbeSource(codec_mergecomp, shapes, dtypes)
-        probe = step_recorder.ExchangeProbe(shim)
+        probe = recorder.ExchangeProbe(shim)
         groups, seconds = [], []
         cpu_features, collective_cpu = [], []
         for layout in layouts:
@@ -493,7 +494,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
            timeout_s=1800, log=print, pin_cores=True):
     """The profile of ``model_name`` on this machine (children as the module docstring says;
     with ``processes`` > 1 and ``pin_cores``, each rank on its share of the cores)."""
-    from tf_mergecomp.bench import models
+    from benchmarks import models
     from tf_mergecomp.compressors import NAMES
 
     models.check_profile_model(model_name)
@@ -503,7 +504,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
                          % (", ".join(unknown), ", ".join(NAMES)))
     if processes < 1:
         raise ValueError("processes must be >= 1, got %r" % processes)
-    command = [sys.executable, "-m", "tf_mergecomp.bench.profile", "--child", model_name,
+    command = [sys.executable, "-m", "benchmarks.profile", "--child", model_name,
                ",".join(codecs), "1" if quick else "0", str(batch_size)]
     started = time.time()
     pin_cores = bool(pin_cores) and processes > 1
@@ -513,7 +514,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
     measured = _average(outputs)
     import tensorflow as tf
 
-    from tf_mergecomp.step_model import HOROVOD_FUSION_BYTES, horovod_cycle_s
+    from benchmarks.network_model import HOROVOD_FUSION_BYTES, horovod_cycle_s
 
     host = socket.gethostname()
     profile = {
@@ -533,7 +534,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
         "probe_link": loopback,
         "notes": [
             "CPU host, one TensorFlow thread per process: codecs run on the thread that runs "
-            "backprop, and decodes wait for the end of backprop (tf_mergecomp/step_model.py).",
+            "backprop, and decodes wait for the end of backprop (tf_mergecomp/search/step_model.py).",
             ("codecs.*.collective: one collective of a %d-rank Horovod job over loopback: "
              "this host's share of it (Gloo's reduction and copies), added to the "
              "network's cost, less the loopback's own transfer at "
@@ -555,9 +556,9 @@ def _check_loopback(processes, pin_cores, log):
     """What the probe's ring over loopback delivers each way (``link_check`` on
     the ranks' cores): the probe's collectives moved their bytes at that rate,
     and the simulator takes that transfer out of the host's share of a
-    collective (step_model.NetworkGroupCosts). A failed check is recorded and
+    collective (network_model.NetworkGroupCosts). A failed check is recorded and
     the profile goes on, its collectives' host share then kept whole."""
-    from tf_mergecomp.bench import link_check
+    from benchmarks import link_check
 
     check = link_check.measure_on_rank_cores(
         link_check.Loopback(processes), link_check.NOMINAL_UNSHAPED_BYTES_PER_S, pin_cores)
@@ -573,7 +574,7 @@ def _check_loopback(processes, pin_cores, log):
 def _run_children(command, processes, timeout_s, model_name, pin_cores=False):
     """Each child's JSON line: one child on Horovod of size 1, or ``processes``
     ranks of one Horovod job over loopback (module docstring)."""
-    from tf_mergecomp.bench import launcher, worker
+    from benchmarks import launcher, worker
 
     deadline = time.monotonic() + timeout_s
     hostnames = ["profile-rank%d" % rank for rank in range(processes)]

@@ -3,7 +3,7 @@
 Started by ``cluster.py`` inside a worker's network namespace with Horovod's
 Gloo environment already set::
 
-    python -m tf_mergecomp.bench.worker SPEC.json
+    python -m benchmarks.worker SPEC.json
 
 SPEC holds the model, batch size, warmup steps, the rounds and steps per
 round, a deadline (Unix time), the configs of this process set (a "batch":
@@ -32,7 +32,7 @@ changes; the exchange time is what an accelerator that computes backprop
 almost instantly would wait for. A slow spell of the machine thus lands on
 every config of the batch, not on one, and a config listed twice (cluster.py
 repeats one per batch) measures the run's own noise. Before each config's
-turn Horovod is restarted where that is safe (``communication.restart_horovod``)
+turn Horovod is restarted where that is safe (``horovod_restart.restart_horovod``)
 so that its response cache holds that config's collectives alone, as it would
 in a run of that config: otherwise every config pays, in every Horovod cycle,
 for the collectives of all the configs and searches before it.
@@ -65,7 +65,7 @@ import sys
 import time
 import traceback
 
-from tf_mergecomp.bench import report
+from benchmarks import report
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
 MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
@@ -217,7 +217,7 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
     owner's model with the owner's MergeComp, in a partition of its own."""
     from tf_mergecomp._keras import keras
 
-    import tf_mergecomp.bench.models as models
+    import benchmarks.models as models
 
     if slot.config.get("model_of") is not None and owner is None:
         raise ValueError("the config whose model it trains, %r, was not set up"
@@ -376,7 +376,7 @@ def _time_exchange(exchange, calls, unmeasured):
 
 def _search_on_exchange(exchange, mergecomp, spec):
     """MergeComp's partition search with the exchange alone as the step (module docstring)."""
-    from tf_mergecomp.search_driver import PartitionSearchDriver
+    from tf_mergecomp.search.driver import PartitionSearchDriver
 
     _, gradients = exchange
     params = dict(spec.get("search_params", {}))
@@ -487,7 +487,7 @@ def rotated(items, shift):
 
 def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
     """The interleaved measurement (module docstring); stops early, on all ranks, at the deadline."""
-    from tf_mergecomp import communication
+    from tf_mergecomp.search import restart as horovod_restart
 
     steps = spec["steps_per_round"]
     exchange_calls = spec.get("exchange_steps", 0)
@@ -500,7 +500,7 @@ def time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf):
         started = time.perf_counter()
         for slot in rotated(slots, round_index):
             if output["restart_blocker"] is None:
-                output["restart_blocker"] = communication.restart_horovod()
+                output["restart_blocker"] = horovod_restart.restart_horovod()
                 if output["restart_blocker"] is None:
                     output["horovod_restarts"] += 1
             _activate(slot)
@@ -532,7 +532,7 @@ def _collectives(slot):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m tf_mergecomp.bench.worker SPEC.json", file=sys.stderr)
+        print("usage: python -m benchmarks.worker SPEC.json", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         spec = json.load(f)
@@ -541,8 +541,8 @@ def main(argv=None):
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
-    import tf_mergecomp.bench.models as models
-    from tf_mergecomp import communication
+    import benchmarks.models as models
+    from tf_mergecomp.search import restart as horovod_restart
     from tf_mergecomp._keras import keras
 
     hvd.init()
@@ -572,7 +572,7 @@ def main(argv=None):
     if spec.get("compute_steps"):
         output["compute_step_s"] = _local_compute_time(reference, dataset, spec, tf)
     # Why Horovod is not restarted between configs; None when it is.
-    output["restart_blocker"] = communication.restart_blocker()
+    output["restart_blocker"] = horovod_restart.restart_blocker()
     output["horovod_restarts"] = 0  # those between configs; a search's are in its own cost
     gradients = _random_gradients(reference, rank, tf)
     weights = reference.get_weights()

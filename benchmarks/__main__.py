@@ -1,4 +1,4 @@
-"""python -m tf_mergecomp.bench {ops,exchange,cluster,parity,profile,simulate,validate,restart} [options]; see --help of each."""
+"""python -m benchmarks {ops,exchange,cluster,parity,profile,simulate,validate,restart} [options]; see --help of each."""
 
 import argparse
 import importlib
@@ -28,7 +28,7 @@ def _algorithms(text):
 
 
 def _sizes(text):
-    from tf_mergecomp.bench.ops import parse_sizes
+    from benchmarks.ops import parse_sizes
 
     try:
         return parse_sizes(text)
@@ -37,7 +37,7 @@ def _sizes(text):
 
 
 def _profile_model(text):
-    from tf_mergecomp.bench import models
+    from benchmarks import models
 
     try:
         return models.check_profile_model(text)
@@ -56,14 +56,14 @@ def _positive(convert):
 
 
 def build_parser():
-    from tf_mergecomp.bench import cluster, models
-    from tf_mergecomp.bench import exchange as exchange_bench
-    from tf_mergecomp.bench import profile as profile_bench
-    from tf_mergecomp.bench import simulate as simulate_bench
-    from tf_mergecomp.bench import validate as validate_bench
+    from benchmarks import cluster, models
+    from benchmarks import exchange as exchange_bench
+    from benchmarks import profile as profile_bench
+    from benchmarks import simulate as simulate_bench
+    from benchmarks import validate as validate_bench
     from tf_mergecomp.compressors import NAMES
 
-    parser = argparse.ArgumentParser(prog="python -m tf_mergecomp.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
     ops = commands.add_parser("ops", help="encode/decode GB/s of the custom ops vs plain TF")
@@ -192,7 +192,7 @@ def build_parser():
 
     sim = commands.add_parser(
         "simulate", help="step time of every config on W workers from a profile "
-                         "(tf_mergecomp/step_model.py)")
+                         "(tf_mergecomp/search/step_model.py)")
     sim.add_argument("--profile", required=True, help="a profile JSON (bench profile, or "
                                                       "docs/profiles/*.json)")
     sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS),
@@ -253,7 +253,7 @@ def build_parser():
 def apply_quick(args):
     """--quick: the options named in the command's QUICK plan are replaced by its values."""
     if getattr(args, "quick", False):
-        plan = importlib.import_module("tf_mergecomp.bench." + args.command).QUICK
+        plan = importlib.import_module("benchmarks." + args.command).QUICK
         for option, value in plan.items():
             setattr(args, option, list(value) if isinstance(value, tuple) else value)
     return args
@@ -273,14 +273,14 @@ def _report(text, data, out_dir, name):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.command == "ops":
-        from tf_mergecomp.bench import ops
+        from benchmarks import ops
 
         result = ops.run(args.sizes, args.algorithms, budget_s=args.budget,
                          group_tensors=args.group_tensors)
         _report(ops.table(result), result, args.out, "ops")
         return 0
     if args.command == "exchange":
-        from tf_mergecomp.bench import exchange
+        from benchmarks import exchange
 
         apply_quick(args)
         try:
@@ -293,7 +293,7 @@ def main(argv=None):
         _report(exchange.table(result), result, args.out, "exchange")
         return 0
     if args.command == "cluster":
-        from tf_mergecomp.bench import cluster
+        from benchmarks import cluster
 
         if args.report:
             try:
@@ -315,7 +315,7 @@ def main(argv=None):
     if args.command == "simulate":
         return _simulate(args)
     if args.command == "validate":
-        from tf_mergecomp.bench import simulate, validate
+        from benchmarks import simulate, validate
 
         try:
             latency = None if args.latency is None else simulate.parse_latency(args.latency)
@@ -326,7 +326,7 @@ def main(argv=None):
         _report(validate.table(result["rows"]), result, args.out, "validate")
         return 0
     if args.command == "restart":
-        from tf_mergecomp.bench import restart
+        from benchmarks import restart
 
         if len(args.algorithm) != 1:
             print("error: --algorithm takes one algorithm", file=sys.stderr)
@@ -334,14 +334,14 @@ def main(argv=None):
         args.algorithm = args.algorithm[0]
         print(restart.run(args))
         return 0
-    from tf_mergecomp.bench import parity
+    from benchmarks import parity
 
     print(parity.run(args))
     return 0
 
 
 def _profile(args):
-    from tf_mergecomp.bench import profile
+    from benchmarks import profile
 
     codecs = args.codecs or list(profile.QUICK_CODECS if args.quick else profile.DEFAULT_CODECS)
     result = profile.record(args.model, codecs=codecs, quick=args.quick,
@@ -357,7 +357,7 @@ def _profile(args):
 def _simulate(args):
     import time
 
-    from tf_mergecomp.bench import profile, simulate
+    from benchmarks import profile, simulate
 
     started = time.perf_counter()
     try:

@@ -1,7 +1,7 @@
 """What a partition search's collectives cost the training after it, and what
 restarting Horovod gives back.
 
-    python -m tf_mergecomp.bench restart [--model resnet50] [--algorithm efsignsgd]
+    python -m benchmarks restart [--model resnet50] [--algorithm efsignsgd]
 
 Runs ``horovodrun -np 2 --gloo`` on this machine (loopback). Each rank trains
 one model with one ``MergeComp`` in a custom loop (``DistributedGradientTape``,
@@ -29,7 +29,7 @@ import resource
 import sys
 import time
 
-from tf_mergecomp.bench import launcher, report
+from benchmarks import launcher, report
 
 SEARCH_LAYOUTS = ("layerwise", 2, 3, 4, 1)
 
@@ -39,7 +39,7 @@ def run(args):
             "steps": args.steps, "search_steps": args.search_steps,
             "search_rounds": args.search_rounds, "repeats": args.repeats,
             "result_path": os.path.abspath(os.path.join(args.out, "restart.json"))}
-    code, log_path = launcher.run_local_horovodrun("tf_mergecomp.bench.restart", spec, args.out,
+    code, log_path = launcher.run_local_horovodrun("benchmarks.restart", spec, args.out,
                                                    args.num_proc, args.timeout)
     if code is None:
         code = "timeout after %.0f s" % args.timeout
@@ -71,15 +71,16 @@ def table(result):
 def worker_main(spec_path):
     with open(spec_path) as f:
         spec = json.load(f)
-    from tf_mergecomp.bench import worker
+    from benchmarks import worker
 
     worker._configure_threads()
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from tf_mergecomp import MergeComp, communication
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.search import restart as horovod_restart
     from tf_mergecomp._keras import keras
-    from tf_mergecomp.bench import models
+    from benchmarks import models
 
     hvd.init()
     keras.utils.set_random_seed(1234)
@@ -112,7 +113,7 @@ def worker_main(spec_path):
                 "system_s": (after.ru_stime - usage.ru_stime) / steps,
                 "user_s": (after.ru_utime - usage.ru_utime) / steps}
 
-    blocker = communication.restart_blocker()
+    blocker = horovod_restart.restart_blocker()
     if blocker is not None:
         raise RuntimeError("this benchmark restarts Horovod, which it cannot here: " + blocker)
     result = {"model": spec["model"], "algorithm": spec["algorithm"], "size": hvd.size(),
@@ -127,7 +128,7 @@ def worker_main(spec_path):
         result["search_s"].append(time.perf_counter() - started)
         result["phases"].append(dict(train(1, spec["steps"]), name="after %d" % (repeat + 1)))
         started = time.perf_counter()
-        communication.restart_horovod()
+        horovod_restart.restart_horovod()
         result["restart_s"].append(time.perf_counter() - started)
         result["phases"].append(dict(train(1, spec["steps"]), name="restarted %d" % (repeat + 1)))
     if hvd.rank() == 0:
@@ -139,6 +140,6 @@ def worker_main(spec_path):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         sys.exit(worker_main(sys.argv[2]))
-    print("usage: python -m tf_mergecomp.bench.restart --worker SPEC.json "
-          "(or python -m tf_mergecomp.bench restart)", file=sys.stderr)
+    print("usage: python -m benchmarks.restart --worker SPEC.json "
+          "(or python -m benchmarks restart)", file=sys.stderr)
     sys.exit(2)

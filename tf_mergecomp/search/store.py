@@ -1,0 +1,122 @@
+"""Saved partitions: the search's result as JSON, reused by a later run that matches.
+
+A file holds the model fingerprint, the world size and the compression (codec
+and memory with their parameters) it was searched for, the partition, and the
+search's predictions, measurements and cost. A run whose fingerprint, world
+size and compression match loads it and skips the search; any mismatch is
+reported and the search runs again. Rank 0 reads and writes; every rank gets
+its answer, so that all ranks take the same path.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from tf_mergecomp import communication
+
+FILE_FORMAT = "tf_mergecomp.partition_search/2"
+
+
+class PartitionStore:
+    """One ``save_path``: checked, read and written on rank 0, answered to all ranks.
+
+    ``values`` is a ``communication.WorkerValues``: rank 0's answers reach the
+    other ranks through it.
+    """
+
+    def __init__(self, path, values):
+        self.path = os.fspath(path)
+        self._values = values
+        self._checked = False
+
+    def check_writable(self):
+        """Fails on every rank, before training, when rank 0 cannot write the
+        file (every rank must call it: it broadcasts rank 0's finding). Runs once."""
+        if self._checked:
+            return
+        self._checked = True
+        problem = unwritable_reason(self.path) if communication.rank() == 0 else None
+        problem = self._values.from_rank0(problem, "save_path_check")
+        if problem:
+            raise ValueError("MergeComp search: save_path %r cannot be written on rank 0: %s"
+                             % (self.path, problem))
+
+    def load(self, identity, num_tensors):
+        """(saved splits or None, why a search is needed), decided on rank 0 for all ranks.
+
+        ``identity`` is what the file must have been saved for (see
+        ``document``); ``num_tensors`` bounds the splits."""
+        decision = self._read(identity, num_tensors) if communication.rank() == 0 else None
+        return tuple(self._values.from_rank0(decision, "saved_partition"))
+
+    def _read(self, identity, num_tensors):
+        path = self.path
+        if not os.path.exists(path):
+            return None, "no saved partition at %s" % path
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as exc:
+            return None, "cannot read %s (%s)" % (path, exc)
+        if not isinstance(saved, dict) or saved.get("format") != FILE_FORMAT:
+            return None, "%s is not a saved partition (format %r)" % (path, FILE_FORMAT)
+        for key, value in identity.items():
+            if saved.get(key) != value:
+                return None, "%s was saved for a different %s (%r there, %r here)" % (
+                    path, key.replace("_", " "), saved.get(key), value)
+        partition = saved.get("partition")
+        if (not isinstance(partition, list) or any(not isinstance(s, int) for s in partition)
+                or partition != sorted(set(partition))
+                or any(not 0 < s < num_tensors for s in partition)):
+            return None, "%s holds an invalid partition %r" % (path, partition)
+        return partition, None
+
+    def save(self, identity, record):
+        """Writes ``identity`` and ``record`` (rank 0 only; atomically). True once written."""
+        if communication.rank() != 0:
+            return False
+        document = {"format": FILE_FORMAT}
+        document.update(identity)
+        document.update(record)
+        document = json.loads(json.dumps(document, default=jsonable))
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        temporary = self.path + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(document, f, indent=1)
+        os.replace(temporary, self.path)
+        return True
+
+
+def unwritable_reason(path):
+    """Why ``path`` cannot be written (None if it can): tried by creating its
+    folder and a file beside it, as the save will."""
+    path = os.path.abspath(path)
+    if os.path.isdir(path):
+        return "it is a directory"
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        trial = path + ".write_check"
+        with open(trial, "w") as f:
+            f.write("")
+        os.remove(trial)
+    except OSError as error:
+        return "%s: %s" % (type(error).__name__, error)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "the file exists and is read-only"
+    return None
+
+
+def jsonable(value):
+    """``json.dumps``'s ``default=`` for numpy values and tuples."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError("not JSON-able: %r" % (value,))
