@@ -3,6 +3,7 @@
 #
 #   make train        the main job: 2-worker horovodrun training with MergeComp
 #   make test         the test suite
+#   make test-quick   the suite without the tests that start Horovod ranks
 #   make build        rebuild the custom-op library after editing custom_ops/
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
 #   make gpu-check    on a GPU host with nvcc, CuPy, numpy and pytest (no TensorFlow,
@@ -61,7 +62,7 @@ HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI
 # package here (a second venv for the same TensorFlow then installs in seconds).
 HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))
 
-.PHONY: setup build train test bench clean gpu-check
+.PHONY: setup build train test test-quick bench clean gpu-check
 
 setup: $(VENV)/.stamp-project
 
@@ -98,6 +99,10 @@ train: setup build
 
 test: setup build
 	$(PY) -m pytest tests -q
+
+# The suite without the tests that start Horovod ranks (pytest -m "not multiworker").
+test-quick: setup build
+	$(PY) -m pytest tests -q -m "not multiworker"
 
 bench: setup build
 	$(PY) -m benchmarks ops

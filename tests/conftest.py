@@ -7,3 +7,9 @@ import os
 # (README, "The stack"). The horovodrun workers inherit it (tests/horovodrun.py).
 if importlib.util.find_spec("tf_keras") is not None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "multiworker: starts real Horovod ranks (horovodrun -np 2 or 3 over Gloo, "
+        "or ranks in network namespaces); `make test-quick` leaves them out")

@@ -214,6 +214,7 @@ def test_turn_means_and_how_far_the_rounds_agree_on_a_ratio():
     assert cluster.paired_uncertainty({}, steady) is None
 
 
+@pytest.mark.multiworker
 def test_each_rank_keeps_to_its_own_cores():
     from benchmarks import worker
 
@@ -419,6 +420,7 @@ def _run_in(namespace, args, timeout=20):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.multiworker
 @needs_netns
 def test_two_namespace_cluster_is_shaped_and_removed():
     with netns.VirtualCluster(2, bandwidth="100mbit", tag="t") as virtual:
@@ -544,6 +546,7 @@ def test_stale_cluster_of_a_dead_process_is_cleaned_up():
         stale.destroy()
 
 
+@pytest.mark.multiworker
 @needs_netns
 def test_sigterm_removes_the_cluster():
     script = (
@@ -685,6 +688,7 @@ def test_the_search_note_gives_the_confirm_medians_and_the_paired_ratio():
                          "one group kept")
 
 
+@pytest.mark.multiworker
 def test_an_algorithms_configs_train_one_model_each_in_its_partition(tmp_path):
     """A real 2-rank batch of the worker (transformer, efsignsgd): the searched
     config searches, then it and the configs on its model take turns, each

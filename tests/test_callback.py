@@ -80,6 +80,7 @@ def _check_search(r):
     assert r["cost"]["horovod_restarts"] == len(candidates) + turns + 1
 
 
+@pytest.mark.multiworker
 def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     path = tmp_path / "partition.json"
     results, output = horovodrun.run("search_callback.py", args=[CODEC, "keras", path, "32,32,24"],
@@ -119,6 +120,7 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     assert len(chose) == 2 and all("traces of the train step" in line for line in chose)
 
 
+@pytest.mark.multiworker
 def test_custom_loop_partition_search(tmp_path):
     log_dir = tmp_path / "tensorboard"
     results, _ = horovodrun.run("search_callback.py", args=[CODEC, "tape", str(log_dir)],
@@ -142,6 +144,7 @@ def test_custom_loop_partition_search(tmp_path):
     assert (log_dir / "mergecomp_search.png").exists()
 
 
+@pytest.mark.multiworker
 def test_unwritable_save_path_fails_on_every_rank_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -234,3 +237,18 @@ def test_a_bad_min_turn_seconds_is_refused_at_construction(value):
 
     with pytest.raises(ValueError, match="min_turn_seconds"):
         PartitionSearchDriver(MergeComp("fp16"), min_turn_seconds=value)
+
+
+def test_numpy_scalars_are_accepted_as_the_search_settings():
+    import numpy as np
+
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.search import PartitionSearchAlgorithm, PartitionSearchDriver
+
+    driver = PartitionSearchDriver(MergeComp("fp16"), max_groups=np.int64(3), rounds=np.int32(2),
+                                   steps_per_candidate=np.int64(2),
+                                   min_turn_seconds=np.float32(0.25))
+    assert (driver.max_groups, driver.rounds, driver.min_turn_seconds) == (3, 2, 0.25)
+    assert PartitionSearchAlgorithm([4, 8, 16], max_groups=np.int64(2)).max_groups == 2
+    with pytest.raises(ValueError, match="max_groups must be an integer >= 1"):
+        PartitionSearchDriver(MergeComp("fp16"), max_groups=np.float64(2.0))

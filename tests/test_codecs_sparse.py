@@ -316,15 +316,9 @@ def test_bad_parameters(name, params, message):
         compressors.get(name, **params)
 
 
-def test_registry_attributes():
-    assert compressors.get("topk").collective == compressors.ALLGATHER
-    assert compressors.get("dgc").collective == compressors.ALLGATHER
-    assert compressors.get("randomk").collective == compressors.ALLREDUCE
-    assert compressors.get("randomk").shared_seed
-    assert compressors.get("dgc", momentum=0.5).default_memory_params() == {"momentum": 0.5}
-    assert compressors.get("dgc").default_memory == "dgc"
-    for name in ("topk", "randomk", "powersgd"):
-        assert compressors.get(name).default_memory == "residual"
+def test_dgcs_momentum_reaches_its_memory():
+    dgc = compressors.get("dgc", momentum=0.5)
+    assert memory.get(dgc.default_memory, **dgc.default_memory_params()).momentum == 0.5
 
 
 def test_non_static_length_is_refused():

@@ -7,6 +7,7 @@ from tests import horovodrun
 from tf_mergecomp import MergeComp, compressors
 
 
+@pytest.mark.multiworker
 def test_none_matches_stock_horovod_for_every_partition():
     results, _ = horovodrun.run("engine_matches_horovod.py", np=2)
     for rank in (0, 1):
@@ -29,17 +30,20 @@ def _check_algorithm_results(results, world):
     return per_rank[0]
 
 
+@pytest.mark.multiworker
 def test_every_algorithm_trains_identically_on_two_ranks():
     results, _ = horovodrun.run("engine_algorithms.py", np=2, timeout=420)
     seen = _check_algorithm_results(results, 2)
     assert {name for name, _ in seen} == set(compressors.NAMES)
 
 
+@pytest.mark.multiworker
 def test_three_ranks():
     results, _ = horovodrun.run("engine_algorithms.py", np=3, args=["signsgd,topk"], timeout=300)
     _check_algorithm_results(results, 3)
 
 
+@pytest.mark.multiworker
 def test_randomk_merged_trains_exactly_as_layerwise():
     results, _ = horovodrun.run("engine_randomk_merged.py", np=2)
     for rank in (0, 1):
@@ -52,6 +56,7 @@ def test_randomk_merged_trains_exactly_as_layerwise():
         assert by_partition[1]["groups"] == 1 and by_partition["layerwise"]["groups"] == 6
 
 
+@pytest.mark.multiworker
 def test_embedding_unused_variable_batch_norm_and_aggregation_train_under_fit():
     results, _ = horovodrun.run("engine_special_gradients.py", np=2)
     (r0, a0), (r1, a1) = results[0], results[1]
@@ -66,6 +71,7 @@ def test_embedding_unused_variable_batch_norm_and_aggregation_train_under_fit():
     assert a0["collectives"] == a0["reductions"] * a0["groups"]
 
 
+@pytest.mark.multiworker
 @pytest.mark.parametrize("mode, field", [("model", "shapes"), ("seed", "seed")])
 def test_ranks_that_disagree_fail_fast_on_every_rank_with_a_catchable_error(mode, field):
     results, output = horovodrun.run("engine_rank_mismatch.py", np=2, args=[mode], timeout=120)
@@ -75,6 +81,7 @@ def test_ranks_that_disagree_fail_fast_on_every_rank_with_a_catchable_error(mode
         assert "ranks disagree on %r" % field in result["message"], result
 
 
+@pytest.mark.multiworker
 def test_a_rank_that_retraces_alone_does_not_wait_for_the_others():
     results, output = horovodrun.run("engine_rank_mismatch.py", np=2, args=["lone_retrace"],
                                      timeout=90)
@@ -85,6 +92,7 @@ def test_a_rank_that_retraces_alone_does_not_wait_for_the_others():
     assert first["step"] == second["step"] == 4
 
 
+@pytest.mark.multiworker
 def test_error_feedback_state_checkpoints_and_restores(tmp_path):
     results, _ = horovodrun.run("engine_checkpoint.py", np=2, args=[tmp_path])
     for rank in (0, 1):

@@ -35,6 +35,7 @@ def test_stale_library_error_names_both_versions(monkeypatch):
         _ops.load()
 
 
+@pytest.mark.multiworker
 def test_two_workers_allreduce_a_known_tensor():
     results, _ = horovodrun.run("allreduce_smoke.py", np=2, timeout=120)
     for rank in (0, 1):

@@ -17,6 +17,7 @@ needs_sshd = pytest.mark.skipif(not sshd.available()[0],
                                        % sshd.available()[1])
 
 
+@pytest.mark.multiworker
 @needs_sshd
 def test_main_job_trains_across_namespaces_under_horovodrun_over_ssh():
     home_ssh = os.path.expanduser("~/.ssh")
@@ -53,6 +54,7 @@ def test_main_job_trains_across_namespaces_under_horovodrun_over_ssh():
     assert os.path.exists(home_ssh) == had_home_ssh  # the user's ~/.ssh untouched
 
 
+@pytest.mark.multiworker
 @needs_sshd
 def test_ssh_servers_accept_only_the_runs_key_and_are_removed():
     with netns.VirtualCluster(1, bandwidth=None, tag="k") as cluster:

@@ -201,6 +201,7 @@ def test_nonfinite_choice_is_checked():
         MergeComp("efsignsgd", nonfinite="skip")
 
 
+@pytest.mark.multiworker
 def test_loss_scale_overflow_settles_and_trains_on_two_ranks():
     """LossScaleOptimizer(DistributedOptimizer(SGD, MergeComp)) from a scale of
     2**40: the overflowing steps are skipped on both ranks, the scale settles
@@ -225,6 +226,7 @@ def test_loss_scale_overflow_settles_and_trains_on_two_ranks():
         assert ours["step"] == ours["steps_run"] - skipped == theirs["step"], ours
 
 
+@pytest.mark.multiworker
 def test_nonfinite_raise_names_the_variable_on_every_rank_without_hanging():
     from tests import horovodrun
 

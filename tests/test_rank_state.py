@@ -1,10 +1,9 @@
-"""Per-rank compression state across checkpoints, broadcasts and elastic resizes, on real ranks.
-
-Issue 11, items 2, 3 (the step) and 4.
-"""
+"""Per-rank compression state across checkpoints, broadcasts and elastic resizes, on real ranks."""
 
 import os
 import stat
+
+import pytest
 
 from tests import horovodrun
 
@@ -19,6 +18,7 @@ def _one_warning(results, ranks):
             assert results[rank] == [], results[rank]
 
 
+@pytest.mark.multiworker
 def test_rank0_checkpoint_resets_state_or_resumes_exactly(tmp_path):
     compressors = ("efsignsgd", "dgc")
     results, _ = horovodrun.run("checkpoint_rank0.py", np=2, args=[tmp_path, ",".join(compressors)],
@@ -58,6 +58,7 @@ def test_rank0_checkpoint_resets_state_or_resumes_exactly(tmp_path):
     assert "state files of a world of 2 ranks" in ours["warnings"][0]
 
 
+@pytest.mark.multiworker
 def test_step_travels_with_the_optimizer_variables_and_comes_from_rank0(tmp_path):
     results, _ = horovodrun.run("step_shared.py", np=2, args=[tmp_path])
     per_rank = [{r["check"]: r for r in results[rank]} for rank in (0, 1)]
@@ -104,6 +105,7 @@ def _check_elastic_end(results, target, before):
     return finished, warning
 
 
+@pytest.mark.multiworker
 def test_elastic_shrink_from_two_ranks_to_one(tmp_path):
     results, _ = _elastic(tmp_path, 2, 1, "efsignsgd")
     restores = [r for rank in (0, 1) for r in results[rank] if r["check"] == "restore"]
@@ -116,6 +118,7 @@ def test_elastic_shrink_from_two_ranks_to_one(tmp_path):
     assert "this training step was traced for a world of 2 ranks" in stale["error"], stale
 
 
+@pytest.mark.multiworker
 def test_elastic_grow_from_one_rank_to_two(tmp_path):
     results, _ = _elastic(tmp_path, 1, 2, "dgc")
     finished, warning = _check_elastic_end(results, target=2, before=1)

@@ -107,6 +107,7 @@ def _ignoring_reports(request):
     return lambda url, method: True if method == "DELETE" else request(url, method)
 
 
+@pytest.mark.multiworker
 def test_horovod_restarts_over_stale_addresses():
     # Rank 0 fills the global scope with unusable addresses of rank 1, which
     # restarts a second late: without the cleaning, rank 0's init reads them

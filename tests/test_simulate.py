@@ -598,6 +598,7 @@ def test_profile_arguments(capsys):
         profile_module.record("resnet50", codecs=("gzip",))
 
 
+@pytest.mark.multiworker
 def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_path):
     """The whole path: a model given as module:function, profiled by a 2-rank
     Horovod job over loopback (real collectives in the probe), then simulated."""

@@ -78,7 +78,7 @@ import tensorflow as tf
 
 from tf_mergecomp import communication
 from tf_mergecomp import grouping
-from tf_mergecomp._validation import check_int
+from tf_mergecomp._validation import check_in_interval, check_int
 from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
@@ -139,10 +139,7 @@ class PartitionSearchDriver:
         for name, value in (("verbose", verbose), ("restart_horovod", restart_horovod)):
             if value not in (0, 1, True, False):
                 raise ValueError("%s must be 0 or 1, got %r" % (name, value))
-        if isinstance(min_turn_seconds, bool) or not isinstance(min_turn_seconds, (int, float)) \
-                or not 0 <= min_turn_seconds < float("inf"):
-            raise ValueError("min_turn_seconds must be a number of seconds >= 0, got %r"
-                             % (min_turn_seconds,))
+        check_in_interval("min_turn_seconds", min_turn_seconds, "[0, inf)")
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError("save_path must be a path or None, got %r" % (save_path,))
         unknown = set(search_options) - _ALGORITHM_OPTIONS
