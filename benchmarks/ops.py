@@ -1,7 +1,8 @@
 """The codec benchmark: encode and decode throughput of the custom ops vs plain TF.
 
-For each algorithm and size n, both backends (``compressors.get(name,
-backend="op")`` and ``backend="reference"``) are timed on the same float32
+For each algorithm and size n, both backends (the codec as ``compressors.get``
+gives it, "op", and its plain-TF path, ``tf_mergecomp.reference.plain``,
+"reference") are timed on the same float32
 input, each call a ``tf.function``:
 
 - encode: ``compress(flat, seed)`` -> the payload;
@@ -182,10 +183,8 @@ def measure_codec(name, backend, flat, budget_s=10.0):
     """{'encode_s', 'decode_s'} or {'error'} for one codec/backend on `flat`."""
     import tensorflow as tf
 
-    from tf_mergecomp import compressors
-
     try:
-        codec = compressors.get(name, backend=backend)
+        codec = _codec(name, backend=backend)
     except Exception as error:  # the op library missing or broken shows up here
         return {"error": "%s: %s" % (type(error).__name__, error)}
     seed = tf.constant(12345, tf.int64)
@@ -350,3 +349,10 @@ def table(result):
         ["algorithm", "n", "op enc GB/s", "ref enc GB/s", "enc op/ref", "op dec GB/s",
          "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "group enc+dec GB/s",
          "group/copy", "target"], rows)
+
+
+def _codec(name, backend):
+    from tf_mergecomp import compressors, reference
+
+    codec = compressors.get(name)
+    return reference.plain(codec) if backend == "reference" else codec

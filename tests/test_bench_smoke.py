@@ -658,7 +658,8 @@ def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
 def test_report_of_an_earlier_run_is_rewritten_from_its_json(tmp_path, capsys):
     from benchmarks.__main__ import main
 
-    source = os.path.join(REPO, "docs", "scaling", "cluster_runs", "transformer_1gbit.json")
+    # A recorded run of the cluster benchmark (transformer, 2 workers, 1 Gbit/s).
+    source = os.path.join(REPO, "tests", "data", "cluster_transformer_1gbit.json")
     with open(source) as f:
         (tmp_path / "cluster.json").write_text(f.read())
     assert main(["cluster", "--report", str(tmp_path)]) == 0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import compressors, memory
 from tf_mergecomp.compressors import _random, _sparse
@@ -66,7 +67,7 @@ def test_op_equals_reference_bytes(name, kind, n):
     x = INPUTS[kind](n)
     for ratio in (0.01, 0.3, 1.0):
         op = compressors.get(name, ratio=ratio)
-        ref = compressors.get(name, ratio=ratio, backend="reference")
+        ref = codec_backends.get(name, ratio=ratio, backend="reference")
         for seed in (0, 12345, -7):
             p_op, ctx_op = op.compress(x, seed)
             p_ref, ctx_ref = ref.compress(x, seed)
@@ -78,7 +79,7 @@ def test_op_equals_reference_bytes(name, kind, n):
 @pytest.mark.parametrize("name", ("topk", "dgc"))
 def test_combine_op_equals_reference_and_mean(name):
     n, world = 5000, 3
-    op, ref = compressors.get(name, ratio=0.05), compressors.get(name, ratio=0.05, backend="reference")
+    op, ref = compressors.get(name, ratio=0.05), codec_backends.get(name, ratio=0.05, backend="reference")
     payloads, dense = [], []
     for w in range(world):
         payload, ctx = op.compress(normal(n, 10 + w), w)
@@ -164,7 +165,7 @@ def test_randomk_allreduce_mean_over_workers():
 @pytest.mark.parametrize("make", (normal, heavy_tailed), ids=("normal", "heavy_tailed"))
 def test_dgc_threshold_selects_close_to_k(make):
     n = 1_000_000
-    codec = compressors.get("dgc", ratio=0.01, backend="reference")
+    codec = codec_backends.get("dgc", ratio=0.01, backend="reference")
     topk = compressors.get("topk", ratio=0.01)
     k = codec.k(n)
     x = make(n, 3)
@@ -192,7 +193,7 @@ def test_dgc_pads_when_too_few_candidates():
     magnitudes[::10] = 2.0 ** np.arange(1, 101)
     x = tf.constant(magnitudes * np.where(np.arange(n) % 3 == 0, -1, 1).astype(np.float32))
     codec = compressors.get("dgc", ratio=k / n)
-    ref = compressors.get("dgc", ratio=k / n, backend="reference")
+    ref = codec_backends.get("dgc", ratio=k / n, backend="reference")
     padded = 0
     for seed in range(20):
         _, _, final = ref.reference_threshold(x, seed)
@@ -273,7 +274,7 @@ def test_nan_and_inf_rank_as_largest_and_propagate(name):
     values[[10, 500]] = [np.nan, -np.inf]
     x = tf.constant(values)
     for backend in ("op", "reference"):
-        codec = compressors.get(name, ratio=0.01, backend=backend)
+        codec = codec_backends.get(name, ratio=0.01, backend=backend)
         payload, ctx = codec.compress(x, 0)
         assert {10, 500} <= set(sent_indices(payload, 10))
         dense = codec.decompress(payload, ctx).numpy()
@@ -307,9 +308,8 @@ def test_bad_ratio(name, ratio):
     ("randomk", {"scale": "yes"}, "scale must be True or False"),
     ("powersgd", {"rank": 0}, "rank must be an integer >= 1"),
     ("powersgd", {"rank": 1.5}, "rank must be an integer >= 1"),
-    ("topk", {"backend": "cuda"}, "backend must be one of op, reference"),
-    ("powersgd", {"backend": "tf"}, "backend must be one of op, reference"),
-    ("topk", {"k": 3}, "valid parameters: ratio, backend"),
+    ("topk", {"backend": "reference"}, "unknown parameter.*backend.*valid parameters: ratio$"),
+    ("topk", {"k": 3}, "valid parameters: ratio$"),
 ])
 def test_bad_parameters(name, params, message):
     with pytest.raises(ValueError, match=message):

@@ -2,8 +2,10 @@
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests import horovodrun
+from tests._fake_comm import FakeWorld
 from tf_mergecomp import MergeComp, compressors
 
 
@@ -201,3 +203,27 @@ def test_horovod_groups_argument_is_refused():
     with pytest.raises(ValueError, match="groups="):
         hvd._make_allreduce_grads_fn("x", "", "", MergeComp("none"), False, hvd.Average, 1.0, 2,
                                      process_set=hvd.global_process_set)
+
+
+def test_a_memory_of_your_own_is_refused_with_a_fused_codec_and_runs_with_plain():
+    from tf_mergecomp import compressors, reference
+    from tf_mergecomp.memory.residual import ResidualMemory
+
+    class HalfResidual(ResidualMemory):  # a user's memory: the kernels do not know it
+        def update(self, compensated, sent, state):
+            return {"residual": 0.5 * (compensated - sent)}
+
+    with pytest.raises(ValueError, match="not one of the memories the fused group ops implement"):
+        MergeComp("efsignsgd", memory=HalfResidual())
+    plain = MergeComp(reference.plain(compressors.get("efsignsgd")), memory=HalfResidual(),
+                      partitions=1)
+    grads = [tf.constant([1.0, -2.0, 3.0]), tf.constant([[0.5, -0.25]])]
+    plain.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+    outputs, flags = FakeWorld(1).run(lambda rank, comm: plain.reduce_group(grads, comm))[0]
+    assert [o.shape for o in outputs] == [g.shape for g in grads]
+    assert flags.numpy().tolist() == [0, 0]
+    residual = np.concatenate([v.numpy() for v in plain.state_variables()])
+    # sign-compressed with the group's mean magnitude, half the error kept
+    flat = np.array([1.0, -2.0, 3.0, 0.5, -0.25], np.float32)
+    sent = np.sign(flat) * np.abs(flat).mean()
+    np.testing.assert_allclose(residual, 0.5 * (flat - sent), rtol=1e-6)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import MergeComp, compressors
 
@@ -33,7 +34,7 @@ def make_grads(rank, step, shapes=SHAPES, dtypes=DTYPES):
 
 
 def engine(name, backend, **params):
-    codec = compressors.get(name, backend=backend, **dict(PARAMS.get(name, {}), **params))
+    codec = codec_backends.get(name, backend=backend, **dict(PARAMS.get(name, {}), **params))
     return MergeComp(codec, partitions=1)
 
 
@@ -91,7 +92,7 @@ def test_sparse_group_of_one_tensor_matches_the_plain_tf_group(name, dtype, memo
     shapes, dtypes = [(50, 7)], [dtype]
     runs = []
     for backend in ("op", "reference"):
-        mergecomps = [MergeComp(compressors.get(name, backend=backend, **PARAMS[name]),
+        mergecomps = [MergeComp(codec_backends.get(name, backend=backend, **PARAMS[name]),
                                 partitions=1, **extra) for _ in range(2)]
         runs.append(run_group(mergecomps, FakeWorld(2), 2, shapes, dtypes))
     (fused_history, fused_state), (ref_history, ref_state) = runs
@@ -136,7 +137,7 @@ def test_large_sparse_group_matches_the_plain_tf_group(name, make, group):
     shapes, dtypes = LARGE_GROUPS[group]
     runs = []
     for backend in ("op", "reference"):
-        mergecomps = [MergeComp(compressors.get(name, backend=backend), partitions=1)
+        mergecomps = [MergeComp(codec_backends.get(name, backend=backend), partitions=1)
                       for _ in range(2)]
         runs.append(run_group(mergecomps, FakeWorld(2), 3, shapes, dtypes, make))
     (fused_history, fused_state), (ref_history, ref_state) = runs

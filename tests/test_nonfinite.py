@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tests.test_group_ops import DTYPES, PARAMS, SHAPES, engine, make_grads, run_group
 from tf_mergecomp import MergeComp, compressors
@@ -162,7 +163,7 @@ def test_a_nonfinite_value_in_any_block_of_a_large_group_is_found_while_encoding
 @pytest.mark.parametrize("backend", ["op", "reference"])
 def test_powersgd_keeps_q_and_residual_of_a_nonfinite_tensor_on_every_worker(backend):
     shapes = [(6, 4), (5,), (3, 3, 2), (8, 2)]
-    codec = compressors.get("powersgd", backend=backend)
+    codec = codec_backends.get("powersgd", backend=backend)
     mergecomps = [MergeComp(codec, partitions=1) for _ in range(2)]
     world = FakeWorld(2)
     rng = np.random.RandomState(3)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import MergeComp, compressors, grouping
 from tf_mergecomp.compressors.powersgd import matrix_view, reference_orthonormalize
@@ -28,7 +29,7 @@ def make_grads(rank, step, shapes=SHAPES, dtypes=DTYPES):
 
 
 def engines(world_size, backend="op", rank=2, partitions=1, **kwargs):
-    return [MergeComp(compressors.get("powersgd", rank=rank, backend=backend),
+    return [MergeComp(codec_backends.get("powersgd", rank=rank, backend=backend),
                       partitions=partitions, **kwargs) for _ in range(world_size)]
 
 
@@ -217,7 +218,7 @@ def test_two_workers_share_q_and_the_average_is_the_mean_of_what_each_sent():
 @pytest.mark.parametrize("backend", ["op", "reference"])
 def test_bytes_on_the_wire(backend):
     world = FakeWorld(1)
-    codec = compressors.get("powersgd", rank=2, backend=backend)
+    codec = codec_backends.get("powersgd", rank=2, backend=backend)
     run_steps([MergeComp(codec, partitions=1)], world, 1)
     assert world.sent_bytes[0] == codec.payload_nbytes(SHAPES)
     # 4 * sum_i r_i (rows_i + cols_i) + 4 * (elements sent as they are)

@@ -21,12 +21,13 @@ number of tensors:
      straight into per-tensor outputs of the original shapes and dtypes.
 
 Each group's ops depend only on its own gradients, so a group's communication
-can start while backprop still computes the next groups. Compressors built
-with ``backend="reference"`` run the plain-TF path instead: concatenate,
-compensate, compress, communicate, decompress, update, split; it is the
-reference the fused ops are tested against. PowerSGD (a matrix per tensor, two
-collectives per group) reduces its groups itself (``reduce_group``), with its
-own fused ops and plain-TF reference.
+can start while backprop still computes the next groups. A codec of your own,
+or a built-in one wrapped by ``reference.plain``, runs the plain-TF path
+instead (tf_mergecomp/reference.py): concatenate, compensate, compress,
+communicate, decompress, update, split; it is the reference the fused ops are
+tested against. PowerSGD (a matrix per tensor, two collectives per group)
+reduces its groups itself (``reduce_group``), with its own fused ops and
+plain-TF reference.
 
 State (all ``tf.Variable``s, tracked by this ``tf.Module`` so they checkpoint):
 one flat float32 variable per gradient tensor holding the memory's buffers back
@@ -53,6 +54,7 @@ from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
 from tf_mergecomp import memory as memories
+from tf_mergecomp import reference
 from tf_mergecomp.communication import HorovodCommunicator
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 
@@ -115,6 +117,13 @@ class MergeComp(tf.Module):
         self.compressor = compressors.get(compressor, **compressor_params)
         self.memory = _resolve_memory(self.compressor, memory, compressor_params)
         self.compressor.check_memory(self.memory)
+        if reference.runs_fused_ops(self.compressor) and not memories.is_builtin(self.memory):
+            raise ValueError(
+                "memory %r is not one of the memories the fused group ops implement (%s); "
+                "run a memory of your own with the plain-TF path: "
+                "MergeComp(tf_mergecomp.reference.plain(compressors.get(%r, ...)), memory=...) "
+                "(tf_mergecomp/reference.py)"
+                % (self.memory, ", ".join(memories.NAMES), self.compressor.name))
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**14:
             raise ValueError("seed must be an integer in [0, 16384), got %r" % (seed,))
         self.seed = int(seed)
@@ -353,9 +362,10 @@ class MergeComp(tf.Module):
         if self.compressor.reduces_own_groups:
             return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
                                                 key)
-        if self.compressor.group_codec is not None and self.compressor.backend == "op":
+        if reference.runs_fused_ops(self.compressor):
             return self._reduce_group_fused(grads, state_vars, seed, communicator, key)
-        return self._reduce_group_reference(grads, state_vars, seed, communicator, key)
+        return reference.reduce_group(self.compressor, self.memory, grads, state_vars, seed,
+                                      communicator, key)
 
     def _reduce_group_fused(self, grads, state_vars, seed, communicator, key):
         codec = self.compressor
@@ -373,35 +383,6 @@ class MergeComp(tf.Module):
             collected, codec_context, T=[g.dtype for g in grads], shapes=[g.shape for g in grads],
             num_rows=rows, **codec_attrs)
         return outputs, nonfinite
-
-    def _reduce_group_reference(self, grads, state_vars, seed, communicator, key):
-        """The plain-TF group: flatten, compensate, compress, decode, update, split,
-        with the fused ops' handling of non-finite tensors."""
-        sizes = [g.shape.num_elements() for g in grads]
-        local_nonfinite = tf.stack([tf.logical_not(tf.reduce_all(tf.math.is_finite(g)))
-                                    for g in grads])
-        flat = grouping.flatten([tf.where(local_nonfinite[i], tf.zeros_like(g), g)
-                                 for i, g in enumerate(grads)])
-        old_state = {
-            name: grouping.flatten([v[b * n:(b + 1) * n] for v, n in zip(state_vars, sizes)])
-            for b, name in enumerate(self.memory.state_names)
-        }
-        compensated, state = self.memory.compensate(flat, old_state)
-        averaged, sent, marked = self.compressor.reduce(compensated, seed, communicator, key,
-                                                        sizes=sizes, nonfinite=local_nonfinite)
-        if self.memory.needs_sent:
-            state = self.memory.update(compensated, sent(), state)
-        if state:
-            keep = tf.reduce_any(local_nonfinite)
-            state = {name: tf.where(keep, old_state[name], state[name]) for name in state}
-            per_name = [tf.split(state[name], sizes) if len(sizes) > 1 else [state[name]]
-                        for name in self.memory.state_names]
-            for variable, buffers in zip(state_vars, zip(*per_name)):
-                variable.assign(tf.concat(buffers, 0) if len(buffers) > 1 else buffers[0])
-        outputs = grouping.unflatten(averaged, [g.shape for g in grads], [g.dtype for g in grads])
-        outputs = [tf.where(marked[i], tf.fill(tf.shape(o), tf.constant(float("nan"), o.dtype)), o)
-                   for i, o in enumerate(outputs)]
-        return outputs, tf.cast(marked, tf.int32)
 
     # ---- layout and state ----------------------------------------------------------
 

@@ -25,18 +25,11 @@ import tensorflow as tf
 
 from tf_mergecomp._validation import check_in_interval, check_positive_int  # noqa: F401 (re-exported)
 
-BACKENDS = ("op", "reference")
 # Tensor i of a group draws its random numbers with the group's seed plus
 # (i << TENSOR_SEED_SHIFT) (kTensorSeedShift in custom_ops/cc/kernels/group_op.h).
 TENSOR_SEED_SHIFT = 12
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
-
-
-def check_backend(backend):
-    if backend not in BACKENDS:
-        raise ValueError("backend must be one of %s, got %r" % (", ".join(BACKENDS), backend))
-    return backend
 
 
 def check_ratio(ratio):
@@ -68,8 +61,11 @@ class Compressor:
     payload_dtype = tf.uint8
     reduces_own_groups = False
 
-    def __init__(self, backend="op"):
-        self.backend = check_backend(backend)
+    def __init__(self):
+        # "op": the engine runs a codec with a group_codec through the fused
+        # group ops. tf_mergecomp.reference.plain() makes a copy that runs
+        # the plain-TF path instead ("reference").
+        self.backend = "op"
 
     @property
     def params(self):

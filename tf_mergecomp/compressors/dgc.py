@@ -58,8 +58,8 @@ class DGCCompressor(TopKCompressor):
     group_codec = "dgc"
     default_memory = "dgc"
 
-    def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9, backend="op"):
-        super().__init__(ratio, backend)
+    def __init__(self, ratio=0.01, sample_ratio=0.01, momentum=0.9):
+        super().__init__(ratio)
         self.sample_ratio = check_in_interval("sample_ratio", sample_ratio, "(0, 1]")
         self.momentum = check_in_interval("momentum", momentum, "[0, 1)")
 

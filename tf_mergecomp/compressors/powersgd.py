@@ -116,8 +116,8 @@ class PowerSGDCompressor(Compressor):
     default_memory = "residual"
     reduces_own_groups = True
 
-    def __init__(self, rank=1, backend="op"):
-        super().__init__(backend)
+    def __init__(self, rank=1):
+        super().__init__()
         self.rank = check_positive_int("rank", rank)
 
     @property

@@ -60,11 +60,11 @@ class QSGDCompressor(DenseAllgatherCodec):
     group_codec = "qsgd"
     default_memory = "none"
 
-    def __init__(self, levels=64, backend="op"):
+    def __init__(self, levels=64):
         levels = check_positive_int("qsgd levels", levels)
         if levels > MAX_LEVELS:
             raise ValueError("qsgd levels must be an integer in [1, %d], got %r" % (MAX_LEVELS, levels))
-        super().__init__(backend=backend)
+        super().__init__()
         self.levels = levels
         self.bits = code_bits(levels)
 

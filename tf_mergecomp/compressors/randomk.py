@@ -56,8 +56,8 @@ class RandomKCompressor(Compressor):
     group_codec = "randomk"
     payload_dtype = tf.float32
 
-    def __init__(self, ratio=0.01, scale=False, backend="op"):
-        super().__init__(backend)
+    def __init__(self, ratio=0.01, scale=False):
+        super().__init__()
         self.ratio = check_ratio(ratio)
         if not isinstance(scale, bool):
             raise ValueError("scale must be True or False, got %r" % (scale,))

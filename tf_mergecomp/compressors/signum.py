@@ -26,9 +26,9 @@ class SignumCompressor(SignSGDCompressor):
     name = "signum"
     default_memory = "momentum"
 
-    def __init__(self, beta=0.9, backend="op"):
+    def __init__(self, beta=0.9):
         beta = check_in_interval("signum beta", beta, "[0, 1)")
-        super().__init__(backend=backend)
+        super().__init__()
         self.beta = beta
 
     @property

@@ -42,8 +42,8 @@ class TopKCompressor(Compressor):
     group_codec = "topk"
     default_memory = "residual"
 
-    def __init__(self, ratio=0.01, backend="op"):
-        super().__init__(backend)
+    def __init__(self, ratio=0.01):
+        super().__init__()
         self.ratio = check_ratio(ratio)
 
     @property

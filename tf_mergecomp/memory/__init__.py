@@ -48,4 +48,10 @@ def get(name, **params):
     return cls(**params)
 
 
-__all__ = ["Memory", "NAMES", "get"]
+def is_builtin(memory):
+    """Whether ``memory`` is one of this library's memories (the ones the fused
+    group ops implement), not a subclass or a memory of the user's own."""
+    return type(memory) is _REGISTRY.get(memory.name)
+
+
+__all__ = ["Memory", "NAMES", "get", "is_builtin"]
