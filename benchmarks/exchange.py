@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from tf_mergecomp import _keras
+from tf_mergecomp import keras2
 from benchmarks import report
 
 # (key, MergeComp partitions, fewest tensors it needs, table heading)
@@ -86,7 +86,7 @@ def gradient_shapes(gradient_set):
         return [[size] for size in equal_split_sizes(total_elements, gradient_set["count"])]
     import gc
 
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
     from benchmarks import models
 
     model = models.build_model(gradient_set["model"])
@@ -211,7 +211,7 @@ def run(sets, algorithms, rounds=7, cpu_allocator="bfc", log=print):
     """{"rows": [...], ...}: one child process per (gradient set, algorithm), one at a time."""
     from benchmarks.cluster import cpu_allocator_environment
 
-    environment = _keras.child_environ(TF_CPP_MIN_LOG_LEVEL="2",
+    environment = keras2.child_environ(TF_CPP_MIN_LOG_LEVEL="2",
                                        **cpu_allocator_environment(cpu_allocator))
     rows = []
     for gradient_set in sets:

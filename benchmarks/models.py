@@ -17,7 +17,7 @@
 import numpy as np
 import tensorflow as tf
 
-from tf_mergecomp._keras import keras
+from tf_mergecomp.keras2 import keras
 
 MODELS = ("resnet50", "vgg16", "transformer", "mlp")
 DEFAULT_MODELS = ("resnet50", "vgg16", "transformer")

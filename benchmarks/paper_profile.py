@@ -138,7 +138,7 @@ def layer_costs(model):
 def build(batch_size=32):
     import numpy as np
 
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
     from benchmarks.network_model import HOROVOD_CYCLE_S, HOROVOD_FUSION_BYTES
 
     model = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)

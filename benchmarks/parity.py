@@ -63,7 +63,7 @@ def _main_job():
 
 
 def _train_one(config, spec, data, main_job, hvd, hvd_tf, tf):
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
     from benchmarks.worker import build_compression
 
     (x_train, y_train), (x_test, y_test) = data

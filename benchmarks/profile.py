@@ -259,7 +259,7 @@ def measure(model_name, codecs, quick, batch_size=32):
 
     from tf_mergecomp import MergeComp
     from tf_mergecomp.search import recorder, step_model
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
     from benchmarks import models
     from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 

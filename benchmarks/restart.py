@@ -79,7 +79,7 @@ def worker_main(spec_path):
 
     from tf_mergecomp import MergeComp
     from tf_mergecomp.search import restart as horovod_restart
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
     from benchmarks import models
 
     hvd.init()

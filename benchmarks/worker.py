@@ -126,7 +126,7 @@ def _configure_threads():
 
 
 def _make_step_timer():
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
 
     class StepTimer(keras.callbacks.Callback):
         """Wall and CPU clock at the start of training and the end of every batch.
@@ -215,7 +215,7 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
     """The local part of a config's setup: no collectives run here. With
     ``owner`` (the slot of ``config["model_of"]``), the config trains the
     owner's model with the owner's MergeComp, in a partition of its own."""
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
 
     import benchmarks.models as models
 
@@ -286,7 +286,7 @@ def _activate(slot):
 
 
 def _make_stop_when_done(callback):
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
 
     class StopWhenSearchDone(keras.callbacks.Callback):
         """Ends the fit at the step the search concludes: every rank concludes
@@ -406,7 +406,7 @@ def _local_compute_time(model, dataset, spec, tf):
     The first steps after tracing run slower (allocator and kernel caches
     warming up), so three are discarded.
     """
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
 
     model.compile(
         optimizer=keras.optimizers.SGD(learning_rate=0.0),
@@ -543,7 +543,7 @@ def main(argv=None):
 
     import benchmarks.models as models
     from tf_mergecomp.search import restart as horovod_restart
-    from tf_mergecomp._keras import keras
+    from tf_mergecomp.keras2 import keras
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

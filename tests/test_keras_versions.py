@@ -1,4 +1,4 @@
-"""The Keras 2 in use: tf.keras on TensorFlow 2.15, tf_keras on 2.16+ (tf_mergecomp/_keras.py).
+"""The Keras 2 in use: tf.keras on TensorFlow 2.15, tf_keras on 2.16+ (tf_mergecomp/keras2.py).
 
 On TensorFlow >= 2.16 the project runs with TF_USE_LEGACY_KERAS=1 (tests/conftest.py),
 so tf.keras is tf_keras; MergeComp's Keras classes and Horovod's Keras wrappers must
@@ -14,7 +14,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from tf_mergecomp import _keras
+from tf_mergecomp import keras2
 from tf_mergecomp.callback import MergeCompCallback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,7 +28,7 @@ def _is_keras2_backend(backend):
 
 
 def test_the_keras_in_use_is_tf_keras_and_keras2():
-    keras = _keras.keras_module()
+    keras = keras2.keras_module()
     assert _is_keras2_backend(keras.backend)
     assert keras.callbacks.Callback is tf.keras.callbacks.Callback
     assert issubclass(MergeCompCallback, tf.keras.callbacks.Callback)
@@ -37,11 +37,11 @@ def test_the_keras_in_use_is_tf_keras_and_keras2():
 def test_legacy_keras_is_set_exactly_where_tf_keras_is_installed():
     if TF_MINOR >= (2, 16):
         assert TF_KERAS_INSTALLED, "TensorFlow >= 2.16 needs tf_keras (make setup installs it)"
-    assert _keras.legacy_keras_requested() == TF_KERAS_INSTALLED
-    environ = _keras.child_environ({}, A="1")
+    assert keras2.legacy_keras_requested() == TF_KERAS_INSTALLED
+    environ = keras2.child_environ({}, A="1")
     assert environ["A"] == "1"
     assert ("TF_USE_LEGACY_KERAS" in environ) == TF_KERAS_INSTALLED
-    assert _keras.child_environ({"TF_USE_LEGACY_KERAS": "0"})["TF_USE_LEGACY_KERAS"] == "0"
+    assert keras2.child_environ({"TF_USE_LEGACY_KERAS": "0"})["TF_USE_LEGACY_KERAS"] == "0"
 
 
 def test_horovod_keras_wrappers_use_the_keras2_backend():
@@ -57,12 +57,12 @@ _CHILD = """
 import json, sys
 import tensorflow as tf
 import tf_mergecomp
-from tf_mergecomp import _keras
+from tf_mergecomp import keras2
 from tf_mergecomp.callback import MergeCompCallback
 import tf_keras
 print(json.dumps({
     "base_is_tf_keras": MergeCompCallback.__mro__[1] is tf_keras.callbacks.Callback,
-    "tf_keras_is_keras2": _keras.tf_keras_is_keras2(),
+    "tf_keras_is_keras2": keras2.tf_keras_is_keras2(),
     "horovod_keras_imported": "horovod.tensorflow.keras" in sys.modules,
     "horovod_standalone_keras_imported": "horovod.keras" in sys.modules,
 }))

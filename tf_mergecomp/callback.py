@@ -18,7 +18,7 @@ tf_mergecomp/search/driver.py. If ``fit`` ends before the search does, the
 fastest candidate measured so far is kept (and not saved).
 """
 
-from tf_mergecomp._keras import keras
+from tf_mergecomp.keras2 import keras
 from tf_mergecomp.search.driver import PartitionSearchDriver, tracing_count
 
 

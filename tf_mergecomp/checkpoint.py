@@ -31,7 +31,7 @@ Restore before the first training step, as Horovod's examples do; a
 import tensorflow as tf
 
 from tf_mergecomp import rank_state
-from tf_mergecomp._keras import keras
+from tf_mergecomp.keras2 import keras
 from tf_mergecomp.mergecomp import find_mergecomp
 from tf_mergecomp.rank_state import rank_state_path
 

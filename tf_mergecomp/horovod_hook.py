@@ -129,16 +129,16 @@ def install():
 
 
 def _wrap_keras_optimizer_factories():
-    from tf_mergecomp import _keras
+    from tf_mergecomp import keras2
 
     modules = []
     # Only Horovod's wrappers of a Keras 2 (horovod.tensorflow.keras wraps tf.keras,
     # horovod.keras the keras package): never load a Keras 3 for them.
-    if _keras.tf_keras_is_keras2():
+    if keras2.tf_keras_is_keras2():
         import horovod.tensorflow.keras as hvd_keras
         modules.append(hvd_keras)
-        _keras.fix_horovod_keras_backend()
-    if _keras.keras_package_is_keras2():
+        keras2.fix_horovod_keras_backend()
+    if keras2.keras_package_is_keras2():
         try:
             import horovod.keras as hvd_standalone_keras  # present only with standalone Keras
             modules.append(hvd_standalone_keras)

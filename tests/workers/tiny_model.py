@@ -1,6 +1,6 @@
 """A small Keras model for the profile's ``package.module:function`` form (tests)."""
 
-from tf_mergecomp._keras import keras
+from tf_mergecomp.keras2 import keras
 
 
 def build():

@@ -3,10 +3,11 @@
 Horovod 0.28.1's Keras wrappers support Keras 2 only. TensorFlow <= 2.15's
 ``tf.keras`` is Keras 2. From TensorFlow 2.16 ``tf.keras`` is Keras 3, unless
 ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported: ``tf.keras`` is
-then the ``tf_keras`` package, Keras 2 (see the README). The package takes its
-Keras classes from here (``from tf_mergecomp._keras import keras``), so that they
-are the ones the model uses, and decides which that is without importing any
-other Keras.
+then the ``tf_keras`` package, Keras 2 (docs/stack.md). The library, its
+benchmarks and your scripts take their Keras classes from here
+(``from tf_mergecomp.keras2 import keras``), so that they are the ones the
+model uses; this module decides which that is without importing any other
+Keras. ``child_environ`` gives the environment for processes you start.
 """
 
 import importlib.metadata
@@ -111,7 +112,7 @@ def fix_horovod_keras_backend():
 
 
 def __getattr__(name):
-    # ``from tf_mergecomp._keras import keras`` resolves on first use only, so that
+    # ``from tf_mergecomp.keras2 import keras`` resolves on first use only, so that
     # importing this module for the functions above loads no Keras.
     if name == "keras":
         return keras_module()
