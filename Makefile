@@ -11,12 +11,13 @@
 #                     CPU ops' golden outputs and benchmarks the group codecs
 #                     (README, "CUDA launchers"); OUT=dir keeps the results
 #
-# Another TensorFlow release (README, "The stack"): add TF_VERSION=2.16, 2.17 or 2.18
-# (a minor release, or a full version such as 2.18.0) to any target. It gets its
-# own venv, .venv-tf<version>, and Keras 2 from tf_keras; the default
-# (TensorFlow 2.15.1) lives in .venv.
+# Another TensorFlow release (docs/stack.md): add TF_VERSION=2.16 ... 2.21 (a minor
+# release, or a full version such as 2.18.0) to any target. It gets its own venv,
+# .venv-tf<version>, and Keras 2 from tf_keras; the default (TensorFlow 2.15.1) lives
+# in .venv. For 2.19 and later, Horovod 0.28.1's sdist is built with
+# patches/horovod-0.28.1-tf2.19.patch applied (docs/stack.md, "The Horovod patch").
 #
-#   make test TF_VERSION=2.19
+#   make test TF_VERSION=2.21
 
 PYTHON_BOOTSTRAP ?= python3
 HOROVOD_VERSION ?= 0.28.1
@@ -29,8 +30,10 @@ TF_RELEASE_2.15 := 2.15.1
 TF_RELEASE_2.16 := 2.16.2
 TF_RELEASE_2.17 := 2.17.1
 TF_RELEASE_2.18 := 2.18.1
-# Horovod 0.28.1 does not build against 2.19 and later (README, "Why 2.18 is the newest").
-SUPPORTED_TF_MINOR_VERSIONS := 2.15 2.16 2.17 2.18
+TF_RELEASE_2.19 := 2.19.1
+TF_RELEASE_2.20 := 2.20.0
+TF_RELEASE_2.21 := 2.21.0
+SUPPORTED_TF_MINOR_VERSIONS := 2.15 2.16 2.17 2.18 2.19 2.20 2.21
 TF_FULL_VERSION := $(or $(TF_RELEASE_$(TF_VERSION)),$(TF_VERSION))
 TF_MINOR_VERSION := $(word 1,$(subst ., ,$(TF_FULL_VERSION))).$(word 2,$(subst ., ,$(TF_FULL_VERSION)))
 TF_PACKAGE ?= tensorflow-cpu==$(TF_FULL_VERSION)
@@ -60,9 +63,16 @@ HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI
 # Horovod's wheel only works with the TensorFlow it was compiled against, which
 # pip's own wheel cache does not tell apart: keep built wheels per TensorFlow
 # package here (a second venv for the same TensorFlow then installs in seconds).
-HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))
+# Horovod 0.28.1 compiles against TensorFlow 2.19 and later only with this patch to its
+# sdist (docs/stack.md, "The Horovod patch"); earlier releases build it unpatched.
+# HOROVOD_PATCH= (empty) builds unpatched. A patched wheel is cached apart from an
+# unpatched one, under the patch's hash, so editing the patch rebuilds it.
+TF_MAJOR_MINOR_WORDS := $(subst ., ,$(TF_MINOR_VERSION))
+HOROVOD_PATCH ?= $(if $(shell [ "$(word 1,$(TF_MAJOR_MINOR_WORDS))" = 2 ] && [ "$(word 2,$(TF_MAJOR_MINOR_WORDS))" -ge 19 ] 2>/dev/null && echo yes),$(CURDIR)/patches/horovod-$(HOROVOD_VERSION)-tf2.19.patch)
+HOROVOD_PATCH_TAG := $(if $(HOROVOD_PATCH),-patch-$(shell sha256sum < $(HOROVOD_PATCH) | cut -c1-12))
+HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))$(HOROVOD_PATCH_TAG)
 
-.PHONY: setup build train test test-quick bench clean gpu-check
+.PHONY: setup build train test test-quick bench clean gpu-check horovod-test
 
 setup: $(VENV)/.stamp-project
 
@@ -71,15 +81,22 @@ $(VENV)/.stamp-python:
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 	touch $@
 
-$(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile
+$(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile $(HOROVOD_PATCH)
 	$(PIP) install --quiet "$(TF_PACKAGE)" $(if $(KERAS_PACKAGE),"$(KERAS_PACKAGE)") "numpy<2" pytest scikit-learn matplotlib
 	@command -v cmake >/dev/null || { echo "cmake (< 4) is required to build Horovod: apt-get install cmake"; exit 1; }
 	@tag=$$($(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
 	wheel=$$(ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-$$tag-*.whl 2>/dev/null | head -n 1); \
 	if [ -z "$$wheel" ]; then \
-		echo "tf_mergecomp: building Horovod $(HOROVOD_VERSION) against $(TF_PACKAGE) (minutes)"; \
+		echo "tf_mergecomp: building Horovod $(HOROVOD_VERSION) against $(TF_PACKAGE)$(if $(HOROVOD_PATCH), with $(notdir $(HOROVOD_PATCH))) (minutes)"; \
+		source="horovod==$(HOROVOD_VERSION)"; \
+		$(if $(HOROVOD_PATCH),src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+			$(PIP) download --quiet --no-deps --no-binary :all: --no-build-isolation \
+				-d "$$src" "horovod==$(HOROVOD_VERSION)" && \
+			tar -xzf "$$src/horovod-$(HOROVOD_VERSION).tar.gz" -C "$$src" && \
+			patch -d "$$src/horovod-$(HOROVOD_VERSION)" -p1 --forward < "$(HOROVOD_PATCH)" || exit 1; \
+			source="$$src/horovod-$(HOROVOD_VERSION)";) \
 		$(HOROVOD_ENV) $(PIP) wheel --quiet --no-cache-dir --no-build-isolation --no-deps \
-			-w $(HOROVOD_WHEELS) "horovod==$(HOROVOD_VERSION)" || exit 1; \
+			-w $(HOROVOD_WHEELS) "$$source" || exit 1; \
 		wheel=$$(ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-$$tag-*.whl | head -n 1); \
 	fi; \
 	echo "$(PIP) install --force-reinstall --no-deps $$wheel"; \
@@ -106,6 +123,29 @@ test-quick: setup build
 
 bench: setup build
 	$(PY) -m benchmarks ops
+
+# Horovod's own TensorFlow tests that need no MPI and no GPU, over Gloo with NP ranks, on
+# the Horovod this venv built (docs/stack.md, "Horovod's own tests"). HOROVOD_TESTS is
+# Horovod's test/ directory at its release tag (git clone -b v0.28.1
+# https://github.com/horovod/horovod; it is not part of the sdist); JUnit XML per rank and
+# file goes to HOROVOD_TEST_OUT. The target fails if either file has a failure.
+# HOROVOD_TEST_ARGS="-p tf_mergecomp" runs them with tf_mergecomp imported first (its
+# Horovod hook and Keras-backend fix in place, as in the project's own runs).
+HOROVOD_TESTS ?=
+HOROVOD_TEST_ARGS ?=
+HOROVOD_TEST_FILES ?= test_tensorflow.py test_tensorflow2_keras.py
+HOROVOD_TEST_OUT ?= $(CURDIR)/build/horovod-tests-tf$(TF_FULL_VERSION)
+horovod-test: setup build
+	@[ -f "$(HOROVOD_TESTS)/parallel/test_tensorflow.py" ] || { echo "HOROVOD_TESTS=<Horovod's test/ directory, tag v$(HOROVOD_VERSION)> is required"; exit 1; }
+	$(PIP) install --quiet mock parameterized
+	mkdir -p $(HOROVOD_TEST_OUT)
+	@status=0; cd $(HOROVOD_TESTS)/parallel && for f in $(HOROVOD_TEST_FILES); do \
+		echo "== $$f"; \
+		$(abspath $(VENV))/bin/horovodrun -np $(NP) -H localhost:$(NP) --gloo sh -c \
+			'exec $(abspath $(PY)) -m pytest -v -p no:cacheprovider $(HOROVOD_TEST_ARGS) --junit-xml=$(HOROVOD_TEST_OUT)/$${0%.py}.rank$$HOROVOD_RANK.xml "$$0"' $$f \
+			> $(HOROVOD_TEST_OUT)/$${f%.py}.log 2>&1 || status=1; \
+		grep -E "^\[[0-9]\]<stdout>:=+ .*(passed|failed|error).* in " $(HOROVOD_TEST_OUT)/$${f%.py}.log; \
+	done; exit $$status
 
 # Needs no venv and no TensorFlow: the system python3 (GPU_PYTHON) with CuPy.
 # The benchmark runs even when a check fails; the target fails if either does.
