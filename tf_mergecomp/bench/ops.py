@@ -1,8 +1,9 @@
 """The codec benchmark: encode and decode throughput of the custom ops vs plain TF.
 
 For each algorithm and size n, both backends (``compressors.get(name,
-backend="op")`` and ``backend="reference"``) are timed on the same float32
-input, each call a ``tf.function``:
+backend="op")``, the group ops on a group of one tensor, and
+``backend="reference"``) are timed on the same float32 input, each call a
+``tf.function``:
 
 - encode: ``compress(flat, seed)`` -> the payload;
 - decode: ``combine(payload, ctx, world_size=1)``, the engine's decode path
