@@ -6,6 +6,11 @@
 #   make test-quick   the suite without the tests that start Horovod ranks
 #   make build        rebuild the custom-op library after editing custom_ops/
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
+#   make gpu-build    here, no GPU needed: a CUDA TensorFlow and a CUDA 12 toolchain
+#                     from PyPI in their own venv (.venv-gpu), the op library built
+#                     with its GPU kernels (build/gpu-ops/), loaded, and TensorFlow's
+#                     kernel registry checked for a GPU kernel of every group op and
+#                     dtype (docs/gpu.md); one summary line
 #   make gpu-check    on a GPU host with nvcc, CuPy, numpy and pytest (no TensorFlow,
 #                     no venv): builds the CUDA launchers, checks them against the
 #                     CPU ops' golden outputs and benchmarks the group codecs
@@ -72,7 +77,7 @@ HOROVOD_PATCH ?= $(if $(shell [ "$(word 1,$(TF_MAJOR_MINOR_WORDS))" = 2 ] && [ "
 HOROVOD_PATCH_TAG := $(if $(HOROVOD_PATCH),-patch-$(shell sha256sum < $(HOROVOD_PATCH) | cut -c1-12))
 HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))$(HOROVOD_PATCH_TAG)
 
-.PHONY: setup build train test test-quick bench clean gpu-check horovod-test
+.PHONY: setup build train test test-quick bench clean gpu-check gpu-build horovod-test
 
 setup: $(VENV)/.stamp-project
 
@@ -157,6 +162,30 @@ gpu-check:
 		$(if $(OUT),--junitxml=$(OUT)/gpu_check_tests.xml) || status=$$?; \
 	$(GPU_PYTHON) -m gpu_check.bench $(if $(OUT),--out $(OUT)) || status=$$?; \
 	exit $$status
+
+# The CUDA wheel of the default TensorFlow and the CUDA 12 it was built with
+# (12.2: headers, crt, libcudart.so.12), all from PyPI, never the machine's own
+# CUDA. PyPI's CUDA 12 nvcc package holds ptxas and libnvvm but no nvcc driver:
+# the .cu.cc sources compile with the nvcc of PyPI's CUDA 13 packages (GPU_NVCC_
+# PACKAGES; docs/gpu.md). With a CUDA 12 toolkit installed: NVCC=/path/to/nvcc.
+GPU_VENV ?= .venv-gpu
+GPU_TF_PACKAGE ?= tensorflow==$(DEFAULT_TF_VERSION)
+CUDA12_PACKAGE_VERSION ?= 12.2.140
+GPU_CUDA_PACKAGES ?= nvidia-cuda-nvcc-cu12==$(CUDA12_PACKAGE_VERSION) \
+	nvidia-cuda-runtime-cu12==$(CUDA12_PACKAGE_VERSION) nvidia-cuda-cccl-cu12==$(CUDA12_PACKAGE_VERSION)
+GPU_NVCC_PACKAGES ?= nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
+	nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
+GPU_PY := $(GPU_VENV)/bin/python
+
+$(GPU_VENV)/.stamp-stack: Makefile
+	$(PYTHON_BOOTSTRAP) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(GPU_PY) -m pip install --quiet "$(GPU_TF_PACKAGE)" "numpy<2" pytest $(GPU_CUDA_PACKAGES) \
+		$(if $(NVCC),,$(GPU_NVCC_PACKAGES))
+	touch $@
+
+gpu-build: $(GPU_VENV)/.stamp-stack
+	nice $(GPU_PY) -m gpu_check.tf_build
 
 clean:
 	rm -rf build tf_mergecomp/_mergecomp_ops*.so tf_mergecomp/_mergecomp_ops_build.json

@@ -19,6 +19,12 @@ Environment:
   CUDA_HOME           the CUDA toolkit (nvcc in bin/, headers in include/);
                       otherwise ``nvcc`` on PATH, else /usr/local/cuda.
   NVCC, CUDA_INCLUDE_DIR   override nvcc and the header directory one by one.
+  CUDA_CXX_INCLUDE_DIRS  the CUDA header directories (os.pathsep-separated) for the
+                      C++ sources compiled with GOOGLE_CUDA=1, when they are not
+                      nvcc's (``make gpu-build``: CUDA 12's from PyPI packages).
+  CUDA_LIB_DIR, CUDA_RUNTIME_LIB   where libcudart is and its -l name (default
+                      ``cudart``; e.g. ``:libcudart.so.12``); CUDA_LIB_DIR is also
+                      the library's run path.
 """
 
 import fcntl
@@ -172,7 +178,9 @@ class BuildTensorFlowOps(build_ext):
         if build_cuda:
             # GOOGLE_CUDA makes TensorFlow's and Eigen's headers include CUDA's:
             # never one without the other.
-            common += ["-DGOOGLE_CUDA=1", "-I" + toolkit["include"]]
+            cxx_includes = [d for d in os.environ.get("CUDA_CXX_INCLUDE_DIRS", "").split(os.pathsep)
+                            if d] or [toolkit["include"]]
+            common += ["-DGOOGLE_CUDA=1"] + ["-I" + d for d in cxx_includes]
 
         jobs = []
         for source in sorted(OPS_DIR.rglob("*.cc")):
@@ -204,7 +212,10 @@ class BuildTensorFlowOps(build_ext):
         objects = [str(target) for _, target, _, _ in jobs]
         link = [cxx, "-shared", "-o", str(output)] + objects + link_flags
         if build_cuda:
-            link += ["-L" + toolkit["lib"], "-lcudart"]
+            lib_dir = os.environ.get("CUDA_LIB_DIR") or toolkit["lib"]
+            link += ["-L" + lib_dir, "-l" + os.environ.get("CUDA_RUNTIME_LIB", "cudart")]
+            if os.environ.get("CUDA_LIB_DIR"):
+                link += ["-Wl,-rpath," + lib_dir]
         built = {"tensorflow_version": tf_version, "cuda": build_cuda}
         # The library is one file whichever TensorFlow it was built for: relink
         # when it was last linked for another version (or kind) of build.
@@ -215,7 +226,12 @@ class BuildTensorFlowOps(build_ext):
         # With --inplace (and editable installs) setuptools builds under build/
         # and copies only the library into the package: write the build info
         # beside both.
-        for directory in {output.parent, ROOT / "tf_mergecomp"}:
+        # Not into the package for a library built out of tree
+        # (TF_MERGECOMP_OUT_OF_TREE=1: `make gpu-build`'s, under build/gpu-ops/).
+        directories = {output.parent}
+        if os.environ.get("TF_MERGECOMP_OUT_OF_TREE") != "1":
+            directories.add(ROOT / "tf_mergecomp")
+        for directory in directories:
             # Atomic, so a process loading the library never reads a half-written file.
             partial = directory / (BUILD_INFO + ".partial")
             partial.write_text(info)

@@ -1,8 +1,8 @@
 """The codec benchmark: encode and decode throughput of the custom ops vs plain TF.
 
 For each algorithm and size n, both backends (the codec as ``compressors.get``
-gives it, "op", and its plain-TF path, ``tf_mergecomp.reference.plain``,
-"reference") are timed on the same float32
+gives it, "op": the group ops on a group of one tensor; and its plain-TF path,
+``tf_mergecomp.reference.plain``, "reference") are timed on the same float32
 input, each call a ``tf.function``:
 
 - encode: ``compress(flat, seed)`` -> the payload;

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests import codec_backends
-from tf_mergecomp import compressors, memory
+from tf_mergecomp import _ops, compressors, memory
 
 DENSE = ("none", "fp16", "qsgd", "terngrad", "onebit", "signsgd", "signum", "efsignsgd")
 ALLGATHER_CODECS = ("qsgd", "terngrad", "onebit", "signsgd", "signum", "efsignsgd")
@@ -123,13 +123,19 @@ def test_none_and_fp16_round_trips():
 
 
 def test_fp16_saturates_to_infinity_and_keeps_nan():
-    x = tf.constant([65504.0, 65519.0, 65520.0, -1e6, 1e-9, float("nan"), float("inf")])
+    finite = [65504.0, 65519.0, 65520.0, -1e6, 1e-9]
     for backend in ("op", "reference"):
         codec = codec_backends.get("fp16", backend=backend)
-        payload, ctx = codec.compress(x, 0)
-        out = codec.decompress(payload, ctx).numpy()
-        np.testing.assert_array_equal(out[:5], [65504.0, 65504.0, np.inf, -np.inf, 0.0])
-        assert np.isnan(out[5]) and out[6] == np.inf
+        out = codec.decompress(*codec.compress(tf.constant(finite), 0)).numpy()
+        np.testing.assert_array_equal(out, [65504.0, 65504.0, np.inf, -np.inf, 0.0])
+    # Element by element in the codec itself (the reference); the op backend,
+    # a group of one, applies the group ops' rule to a non-finite tensor
+    # (test_op_backend_marks_a_nonfinite_tensor).
+    codec = codec_backends.get("fp16", backend="reference")
+    x = tf.constant(finite + [float("nan"), float("inf")])
+    out = codec.decompress(*codec.compress(x, 0)).numpy()
+    np.testing.assert_array_equal(out[:5], [65504.0, 65504.0, np.inf, -np.inf, 0.0])
+    assert np.isnan(out[5]) and out[6] == np.inf
 
 
 @pytest.mark.parametrize("name", ["signsgd", "signum"])
@@ -259,7 +265,34 @@ def test_other_float_dtypes_compute_in_float32(name, dtype):
     np.testing.assert_array_equal(decoded.numpy(), tf.cast(expected, dtype).numpy())
 
 
-@pytest.mark.parametrize("backend", ["op", "reference"])
+@pytest.mark.parametrize("name", ["fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad",
+                                  "topk", "dgc", "randomk"])
+def test_op_backend_marks_a_nonfinite_tensor(name):
+    """The op backend is the group ops on a group of one tensor: a tensor
+    holding an inf or a NaN is encoded as zeros with its marker set, and the
+    decoder turns a marked tensor into NaN and reports it."""
+    codec = compressors.get(name)
+    values = tf.constant([1.0, -2.0, float("nan"), 0.5, -0.25] * 40)
+    ops = _ops.load()
+    attrs = codec.group_op_attrs([200])
+    row, context = ops.mergecomp_group_encode(
+        [values], [], tf.constant(5, tf.int64), payload_type=codec.payload_dtype, memory="none",
+        codec=codec.group_codec, **attrs)
+    assert float(tf.cast(row[-1], tf.float32)) == 1.0
+    payload, _ = codec.op_encode(values, 5)
+    np.testing.assert_array_equal(payload.numpy(), row.numpy()[:-1])
+    zeros, _ = codec.op_encode(tf.zeros([200]), 5)
+    np.testing.assert_array_equal(payload.numpy(), zeros.numpy(), err_msg=name)
+    outputs, nonfinite = ops.mergecomp_group_decode(
+        row, context, T=[tf.float32], shapes=[[200]], num_rows=1, codec=codec.group_codec,
+        **attrs)
+    assert nonfinite.numpy().tolist() == [1]
+    assert np.all(np.isnan(outputs[0].numpy()))
+
+
+# The codecs' own element-wise behaviour (the plain-TF reference): through
+# the ops, a tensor holding an inf or a NaN is marked instead (above).
+@pytest.mark.parametrize("backend", ["reference"])
 def test_nan_and_inf_behave_as_documented(backend):
     def decode(name, values):
         codec = codec_backends.get(name, backend=backend)

@@ -273,7 +273,9 @@ def test_nan_and_inf_rank_as_largest_and_propagate(name):
     values = normal(1000, 80).numpy()
     values[[10, 500]] = [np.nan, -np.inf]
     x = tf.constant(values)
-    for backend in ("op", "reference"):
+    # The codec's own selection (the plain-TF reference; through the ops, a
+    # tensor holding an inf or a NaN is marked instead: test_codecs_dense.py).
+    for backend in ("reference",):
         codec = codec_backends.get(name, ratio=0.01, backend=backend)
         payload, ctx = codec.compress(x, 0)
         assert {10, 500} <= set(sent_indices(payload, 10))

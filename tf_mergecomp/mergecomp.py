@@ -298,7 +298,7 @@ class MergeComp(tf.Module):
             guards = consistency.check_ranks_agree(description, communicator.process_set)
             if not guards:  # checked at trace time (eagerly), not in the graph
                 self._agreed_description = description
-        state = self.state_variables()
+        state = self.state_variables(self._state_device(dense))
         # At the first trace: agree with the other ranks on whose state was
         # restored (reset it everywhere unless each rank holds its own) and
         # take rank 0's step.
@@ -352,7 +352,7 @@ class MergeComp(tf.Module):
         ``make_reduce_fn``.
         """
         grads = list(grads)
-        state = self.state_variables()[start:start + len(grads)]
+        state = self.state_variables(self._state_device(grads))[start:start + len(grads)]
         step = tf.cast(step, tf.int64)
         return self._reduce_group(index, start, grads, state, step, communicator)
 
@@ -402,19 +402,29 @@ class MergeComp(tf.Module):
                 "use one MergeComp per optimizer or tape" % difference
             )
 
-    def state_variables(self):
+    def _state_device(self, gradients):
+        """Where the compression state is created: with the gradients, where
+        their group ops run (GPU kernels in a CUDA build of the op library;
+        the plain-TF reference runs anywhere), so that a step copies no state
+        between device and host; on the host for ops with CPU kernels only
+        (PowerSGD's, or a CPU-only build)."""
+        codec = self.compressor
+        host_kernels_only = codec.reduces_own_groups or not _ops.build_info().get("cuda")
+        if codec.backend == "op" and host_kernels_only:
+            return "/device:CPU:0"
+        return gradients[0].device or None
+
+    def state_variables(self, device="/device:CPU:0"):
         """One flat float32 variable per gradient tensor (backprop order), holding
         the memory's buffers back to back, then the codec's own state of the
-        tensor; [] when neither keeps anything. Created at the first call after
-        the layout is set."""
+        tensor, created on `device` (None: TensorFlow's default device); []
+        when neither keeps anything. Created at the first call after the layout
+        is set; later calls return them wherever they are."""
         names = self.memory.state_names
         codec = self.compressor
         codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
         if self._state is None and (names or any(codec_sizes)):
-            # The group kernels are CPU kernels: their state lives in host
-            # memory also on GPU hosts, where TensorFlow then runs the group
-            # ops on the CPU and copies the gradients.
-            with tf.init_scope(), tf.device("/device:CPU:0"):
+            with tf.init_scope(), tf.device(device):
                 self._state = []
                 for i in range(len(self._layout.shapes)):
                     self._state.append(tf.Variable(
@@ -455,9 +465,10 @@ class MergeComp(tf.Module):
     def reset_state(self):
         """Sets the compression state (residuals, momenta, PowerSGD's Q) back to
         its initial value: zeros, and PowerSGD's initial Q. The step is kept."""
-        with tf.init_scope(), tf.device("/device:CPU:0"):
+        with tf.init_scope():
             for i, variable in enumerate(self._state or []):
-                variable.assign(self._initial_state_value(i))
+                with tf.device(variable.device):
+                    variable.assign(self._initial_state_value(i))
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)

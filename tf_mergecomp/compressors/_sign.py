@@ -17,7 +17,6 @@ worker, and a decoder that takes the whole ``[world_size, bytes]`` batch.
 
 import tensorflow as tf
 
-from tf_mergecomp import _ops
 from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32
 
 _BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -95,9 +94,10 @@ def static_length(flat, codec_name):
 class DenseAllgatherCodec(Compressor):
     """Base of the allgather codecs whose payload is one uint8 row per worker.
 
-    Subclasses implement ``_encode_op``/``_decode_op`` (the custom ops) and
-    ``_encode_reference``/``_decode_reference`` (stock TensorFlow), where
-    decoding maps a ``[W, payload_nbytes(n)]`` batch to the combined float32[n].
+    Subclasses implement ``_encode_reference``/``_decode_reference`` (stock
+    TensorFlow), where decoding maps a ``[W, payload_nbytes(n)]`` batch to the
+    combined float32[n]; the op backend runs their group codec on a group of
+    one tensor (``Compressor.op_encode``/``op_decode``).
     ``compress`` accepts any float dtype; decoded values are cast back to it.
     """
 
@@ -127,15 +127,11 @@ class DenseAllgatherCodec(Compressor):
             decoded = self._decode_reference(rows, n, world_size)
         return tf.cast(decoded, dtype) if dtype != tf.float32 else decoded
 
-    @staticmethod
-    def ops():
-        return _ops.load()
-
     def _encode_op(self, values, seed):
-        raise NotImplementedError
+        return self.op_encode(values, seed)[0]
 
     def _decode_op(self, rows, n):
-        raise NotImplementedError
+        return self.op_decode(rows, tf.zeros([0], tf.int32), n, int(rows.shape[0]))
 
     def _encode_reference(self, values, seed, n):
         raise NotImplementedError

@@ -23,6 +23,7 @@ stored by the engine after the memory's buffers in each tensor's variable.
 
 import tensorflow as tf
 
+from tf_mergecomp import _ops
 from tf_mergecomp._validation import check_in_interval, check_positive_int  # noqa: F401 (re-exported)
 
 # Tensor i of a group draws its random numbers with the group's seed plus
@@ -161,6 +162,28 @@ class Compressor:
 
     def collectives_per_group(self):
         return 1
+
+    # The "op" backend of the per-tensor methods above (codec tests, `bench
+    # ops`): the group ops on a group of one tensor, memory none. Their rows
+    # carry one non-finite marker element after the payload: stripped here
+    # after encoding, and added as zeros before decoding.
+    def op_encode(self, values, seed):
+        """values: 1-D float32. Returns (payload without its marker, codec_context)."""
+        n = int(values.shape[0])
+        payload, codec_context = _ops.load().mergecomp_group_encode(
+            [values], [], tf.cast(seed, tf.int64), payload_type=self.payload_dtype,
+            memory="none", codec=self.group_codec, **self.group_op_attrs([n]))
+        return payload[:-1], codec_context
+
+    def op_decode(self, rows, codec_context, n, num_rows):
+        """rows: num_rows payloads back to back (no markers) -> the float32[n] they decode to."""
+        rows = tf.reshape(rows, [-1])
+        rows = tf.reshape(rows, [num_rows, tf.size(rows) // num_rows])
+        rows = tf.concat([rows, tf.zeros([num_rows, 1], rows.dtype)], 1)
+        outputs, _ = _ops.load().mergecomp_group_decode(
+            tf.reshape(rows, [-1]), codec_context, T=[tf.float32], shapes=[[n]],
+            num_rows=num_rows, codec=self.group_codec, **self.group_op_attrs([n]))
+        return outputs[0]
 
     def __repr__(self):
         args = ", ".join("%s=%r" % kv for kv in sorted(self.params.items()))

@@ -28,8 +28,8 @@ Collective: allgather; decode adds all workers' values into zeros, divides by W.
 Defaults: ratio = 0.01, sample_ratio = 0.01 (DGC's paper samples 0.1% to 1%),
 momentum = 0.9 (the memory's mu).
 
-Ops: MergecompDgcEncode (sample, nth_element, parallel counting passes,
-compaction) and MergecompSparseScatterMean. The plain-TF reference draws the
+Ops: the "dgc" codec of MergecompGroupEncode (sample, nth_element, parallel
+counting passes, compaction) and MergecompGroupDecode. The plain-TF reference draws the
 same sample through _random.py and gives identical bytes. In a merged group
 (the "dgc" codec of MergecompGroupEncode) the sample is read before the
 memory's compensation pass, which then counts every refinement's candidates
@@ -42,7 +42,6 @@ import math
 
 import tensorflow as tf
 
-from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random, _sparse
 from tf_mergecomp.compressors.base import check_in_interval, check_ratio
 from tf_mergecomp.compressors.topk import TopKCompressor
@@ -119,5 +118,5 @@ class DGCCompressor(TopKCompressor):
         if k == 0:
             return tf.zeros([0], tf.uint8)
         if self.backend == "op":
-            return load().mergecomp_dgc_encode(values, seed, k=k, sample_size=self.sample_size(n))
+            return self.op_encode(values, seed)[0]
         return self._reference_encode(values, seed, n, k)

@@ -17,8 +17,8 @@ Wire format (uint8[4 + ceil(n/8)]): bytes 0-3 the scale (float32,
 little-endian), then the sign bits, bit i % 8 of byte 4 + i // 8 is 1 when
 not p_i < 0.
 
-Ops: ``MergecompEfsignsgdEncode`` (one pass: bits and the L1 sum) and
-``MergecompEfsignsgdDecode`` (uint8[W, 4 + ceil(n/8)], n -> float32[n] mean).
+Ops: the "efsignsgd" codec of ``MergecompGroupEncode`` (one pass: bits and the
+L1 sum) and ``MergecompGroupDecode`` (uint8[W, 4 + ceil(n/8)] -> float32[n] mean).
 """
 
 import tensorflow as tf
@@ -41,12 +41,6 @@ class EFSignSGDCompressor(DenseAllgatherCodec):
 
     def payload_nbytes(self, n):
         return 4 + (n + 7) // 8
-
-    def _encode_op(self, values, seed):
-        return self.ops().mergecomp_efsignsgd_encode(values)
-
-    def _decode_op(self, rows, n):
-        return self.ops().mergecomp_efsignsgd_decode(rows, n=n)
 
     def _encode_reference(self, values, seed, n):
         if n == 0:

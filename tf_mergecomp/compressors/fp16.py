@@ -9,16 +9,15 @@ State: none. Memory: ``none``.
 
 Wire format: the float16[n] buffer, 2n bytes.
 
-Ops: ``MergecompFp16Encode`` (float32 -> half, F16C on x86 CPUs that have it)
-and ``MergecompFp16Decode`` (half -> float32); the reference uses ``tf.cast``
-and matches bit for bit. Used as the fp16 baseline by MergeComp (Wang, Wu and
+Ops: the "fp16" codec of ``MergecompGroupEncode``/``MergecompGroupDecode``
+(float32 -> half, F16C on x86 CPUs that have it, and back); the reference uses
+``tf.cast`` and matches bit for bit. Used as the fp16 baseline by MergeComp (Wang, Wu and
 Ng, 2021, "MergeComp: A Compression Scheduler for Scalable Communication-
 Efficient Distributed Training") and Horovod's ``Compression.fp16``.
 """
 
 import tensorflow as tf
 
-from tf_mergecomp import _ops
 from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32
 
 
@@ -32,7 +31,7 @@ class FP16Compressor(Compressor):
     def compress(self, flat, seed):
         values = as_float32(flat)
         if self.backend == "op":
-            payload = _ops.load().mergecomp_fp16_encode(values)
+            payload = self.op_encode(values, seed)[0]
         else:
             payload = tf.cast(values, tf.float16)
         return payload, flat.dtype
@@ -45,7 +44,7 @@ class FP16Compressor(Compressor):
 
     def _widen(self, payload, dtype):
         if self.backend == "op":
-            values = _ops.load().mergecomp_fp16_decode(payload)
+            values = self.op_decode(payload, tf.zeros([0], tf.int32), int(payload.shape[0]), 1)
         else:
             values = tf.cast(payload, tf.float32)
         return tf.cast(values, dtype) if dtype != tf.float32 else values

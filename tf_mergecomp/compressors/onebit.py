@@ -17,8 +17,8 @@ e <- (g + e) - decoded own payload), the error feedback 1-bit SGD relies on.
 Wire format (uint8[8 + ceil(n/8)]): bytes 0-3 mu+ and 4-7 mu- (float32,
 little-endian), then the sign bits, bit i % 8 of byte 8 + i // 8.
 
-Ops: ``MergecompOnebitEncode`` (one pass: bits and both sums) and
-``MergecompOnebitDecode`` (uint8[W, 8 + ceil(n/8)], n -> float32[n] mean).
+Ops: the "onebit" codec of ``MergecompGroupEncode`` (one pass: bits and both
+sums) and ``MergecompGroupDecode`` (uint8[W, 8 + ceil(n/8)] -> float32[n] mean).
 """
 
 import tensorflow as tf
@@ -47,12 +47,6 @@ class OneBitCompressor(DenseAllgatherCodec):
 
     def payload_nbytes(self, n):
         return 8 + (n + 7) // 8
-
-    def _encode_op(self, values, seed):
-        return self.ops().mergecomp_onebit_encode(values)
-
-    def _decode_op(self, rows, n):
-        return self.ops().mergecomp_onebit_decode(rows, n=n)
 
     def _encode_reference(self, values, seed, n):
         plus = non_negative(values)

@@ -29,8 +29,8 @@ s = 64): bytes 0-3 the norm (float32, little-endian), then element i's code
 sign_i * l_i + s (in [0, 2s]) in stream bits [i*b, (i+1)*b), stream bit j
 being bit j % 8 of byte 4 + j // 8.
 
-Ops: ``MergecompQsgdEncode`` (float32[n], int64 seed, levels) and
-``MergecompQsgdDecode`` (uint8[W, bytes], n, levels -> float32[n] mean).
+Ops: the "qsgd" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``
+(uint8[W, bytes] -> float32[n] mean); one tensor alone is a group of one.
 """
 
 import tensorflow as tf
@@ -77,12 +77,6 @@ class QSGDCompressor(DenseAllgatherCodec):
 
     def group_op_attrs(self, sizes):
         return {"levels": self.levels}
-
-    def _encode_op(self, values, seed):
-        return self.ops().mergecomp_qsgd_encode(values, seed, levels=self.levels)
-
-    def _decode_op(self, rows, n):
-        return self.ops().mergecomp_qsgd_decode(rows, n=n, levels=self.levels)
 
     def _encode_reference(self, values, seed, n):
         levels = tf.constant(float(self.levels), tf.float32)

@@ -31,7 +31,7 @@ Wire format: sum_i k_i float32 values (4 sum_i k_i bytes), tensor by tensor,
 each in ascending position order. Collective: allreduce (Average).
 Defaults: ratio = 0.01, scale = False.
 Ops: the group codec "randomk" of MergecompGroupEncode/Decode;
-MergecompRandomkIndices for the reference, which gathers and scatters with
+its positions (a group of one) for the per-tensor path, which gathers and scatters with
 tf.gather / tf.scatter_nd. The keys being uniform, the ops compute a threshold
 that about k_i + 6 sqrt(k_i) + 64 of the n_i keys reach, collect those in one
 pass that computes the keys, and pick the k_i largest among them (the radix
@@ -42,7 +42,6 @@ positions, without three histogram passes over n_i keys.
 import numpy as np
 import tensorflow as tf
 
-from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _random, _sparse
 from tf_mergecomp.compressors.base import (ALLREDUCE, TENSOR_SEED_SHIFT, Compressor, as_float32,
                                            check_ratio)
@@ -93,7 +92,8 @@ class RandomKCompressor(Compressor):
         if k == 0:
             return tf.zeros([0], tf.int32)
         if self.backend == "op":
-            return load().mergecomp_randomk_indices(seed, n=n, k=k)
+            # The group codec's positions, for a group of this one tensor.
+            return self.op_encode(tf.zeros([n], tf.float32), seed)[1]
         keys = tf.cast(_random.random_bits(seed, n), tf.int64)
         return _sparse.reference_select_largest(keys, k)
 

@@ -16,8 +16,8 @@ feedback and a scale).
 Wire format (uint8[ceil(n/8)], ceil(n/8) bytes): bit i % 8 of byte i // 8
 (least significant first) is 1 when g_i is "+"; padding bits are 0.
 
-Ops: ``MergecompSignsgdEncode`` (float32[n] -> uint8[ceil(n/8)]) and
-``MergecompSignsgdDecode`` (uint8[W, ceil(n/8)], n -> float32[n], the vote);
+Ops: the "signsgd" codec of ``MergecompGroupEncode`` (-> uint8[ceil(n/8)]) and
+``MergecompGroupDecode`` (uint8[W, ceil(n/8)] -> float32[n], the vote);
 ``decompress`` is the vote of this worker alone, its own +-1 signs.
 """
 
@@ -39,12 +39,6 @@ class SignSGDCompressor(DenseAllgatherCodec):
 
     def payload_nbytes(self, n):
         return (n + 7) // 8
-
-    def _encode_op(self, values, seed):
-        return self.ops().mergecomp_signsgd_encode(values)
-
-    def _decode_op(self, rows, n):
-        return self.ops().mergecomp_signsgd_decode(rows, n=n)
 
     def _encode_reference(self, values, seed, n):
         return pack_bits(non_negative(values))

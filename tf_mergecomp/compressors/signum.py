@@ -15,7 +15,7 @@ Defaults: beta = 0.9 (must be in [0, 1)).
 Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
 is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
 
-Ops: ``MergecompSignsgdEncode`` and ``MergecompSignsgdDecode``.
+Ops: the "signsgd" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``.
 """
 
 from tf_mergecomp.compressors.base import check_in_interval

@@ -20,8 +20,8 @@ Wire format (uint8[4 + ceil(n/4)]): bytes 0-3 m (float32, little-endian),
 then 2 bits per element at bits 2 * (i % 4) of byte 4 + i // 4: bit 0 =
 sent, bit 1 = negative (codes 0: 0, 1: +1, 3: -1).
 
-Ops: ``MergecompTerngradEncode`` (float32[n], int64 seed) and
-``MergecompTerngradDecode`` (uint8[W, 4 + ceil(n/4)], n -> float32[n] mean).
+Ops: the "terngrad" codec of ``MergecompGroupEncode`` (seeded) and
+``MergecompGroupDecode`` (uint8[W, 4 + ceil(n/4)] -> float32[n] mean).
 """
 
 import tensorflow as tf
@@ -45,12 +45,6 @@ class TernGradCompressor(DenseAllgatherCodec):
 
     def payload_nbytes(self, n):
         return 4 + (n + 3) // 4
-
-    def _encode_op(self, values, seed):
-        return self.ops().mergecomp_terngrad_encode(values, seed)
-
-    def _decode_op(self, rows, n):
-        return self.ops().mergecomp_terngrad_decode(rows, n=n)
 
     def _encode_reference(self, values, seed, n):
         magnitude = tf.abs(values)

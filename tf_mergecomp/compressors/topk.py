@@ -16,9 +16,9 @@ Collective: allgather (W * 8k bytes arrive).
 
 Defaults: ratio = 0.01 (ratio must be in (0, 1]).
 
-Ops: MergecompTopkEncode (radix select, O(n), no copy of the input, sharded
-over TensorFlow's intra-op pool) and MergecompSparseScatterMean (decode of the
-W gathered payloads in one pass). The plain-TF reference uses tf.math.top_k on
+Ops: the "topk" codec of MergecompGroupEncode (radix select, O(n), sharded
+over TensorFlow's intra-op pool) and MergecompGroupDecode (the W gathered
+payloads in one pass); one tensor alone is a group of one. The plain-TF reference uses tf.math.top_k on
 the magnitudes and tensor_scatter_nd_add; both give identical bytes.
 In a merged group (the "topk" codec of MergecompGroupEncode) the selection
 reads the compensated values where the memory left them, with no copy of the
@@ -31,7 +31,6 @@ sample changes the work, never the result.
 
 import tensorflow as tf
 
-from tf_mergecomp._ops import load
 from tf_mergecomp.compressors import _sparse
 from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, check_ratio
 
@@ -61,9 +60,9 @@ class TopKCompressor(Compressor):
 
     def _encode(self, values, seed, n, k):
         """float32[n] -> the 8k-byte payload (subclasses choose the k differently)."""
-        del seed, n  # exact top-k draws nothing
+        del n  # exact top-k draws nothing
         if self.backend == "op":
-            return load().mergecomp_topk_encode(values, k=k)
+            return self.op_encode(values, seed)[0]
         indices = _sparse.reference_select_largest(_sparse.magnitude(values), k)
         return _sparse.pack(tf.gather(values, indices), indices)
 
@@ -76,7 +75,9 @@ class TopKCompressor(Compressor):
     def _decode(self, payloads, ctx):
         n, k, dtype = ctx
         if self.backend == "op":
-            dense = load().mergecomp_sparse_scatter_mean(payloads, n=n, k=k)
+            rows = int(payloads.shape[0]) // (8 * k) if k else 1
+            dense = (self.op_decode(payloads, tf.zeros([0], tf.int32), n, rows) if k
+                     else tf.zeros([n], tf.float32))
         else:
             dense = _sparse.reference_scatter_mean(payloads, n, k)
         return tf.cast(dense, dtype)

@@ -1,5 +1,5 @@
-// Deep Gradient Compression's sampled-threshold selection: functor shared by
-// the CPU and CUDA kernels.
+// Deep Gradient Compression's sampled-threshold selection: the algorithm
+// of the dgc group codec (dgc_op.cc) and its CUDA launcher (dgc_op_gpu.cu.cc).
 //
 // Algorithm (both devices, bit-identical):
 //   1. sample_size positions j -> floor(RandomBits(seed, j) * n / 2^32)
@@ -22,13 +22,6 @@
 namespace tf_mergecomp {
 
 constexpr int kDgcRefinements = 3;
-
-template <typename Device>
-struct DgcEncodeFunctor {
-  tensorflow::Status operator()(tensorflow::OpKernelContext* context, const float* input,
-                                int64_t n, int64_t seed, int64_t k, int64_t sample_size,
-                                uint8_t* payload);
-};
 
 // Rank of the threshold within the sample: ceil(sample_size * k / n), >= 1.
 inline int64_t DgcSampleRank(int64_t n, int64_t k, int64_t sample_size) {

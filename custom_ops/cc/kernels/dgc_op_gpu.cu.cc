@@ -1,4 +1,5 @@
-// CUDA kernel of MergecompDgcEncode (algorithm in dgc_op.h).
+// DGC's CUDA selection (algorithm in dgc_op.h): its launcher, also used by the
+// group launchers (group_op_gpu.cu.cc).
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_dgc_workspace_bytes(int64_t n, int64_t sample_size);
@@ -136,32 +137,3 @@ extern "C" int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t s
   gpu_select::LaunchEmit(n, key, emit, ws, stream);
   return static_cast<int>(cudaGetLastError());
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dgc_op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-
-namespace tf_mergecomp {
-
-template <>
-tensorflow::Status DgcEncodeFunctor<Eigen::GpuDevice>::operator()(
-    tensorflow::OpKernelContext* context, const float* input, int64_t n, int64_t seed, int64_t k,
-    int64_t sample_size, uint8_t* payload) {
-  if (k == 0) return tensorflow::OkStatus();
-  tensorflow::Tensor workspace;
-  TF_RETURN_IF_ERROR(context->allocate_temp(
-      tensorflow::DT_UINT8,
-      tensorflow::TensorShape(
-          {static_cast<int64_t>(mergecomp_dgc_workspace_bytes(n, sample_size))}),
-      &workspace));
-  const int error = mergecomp_dgc_encode_gpu(input, n, seed, k, sample_size, payload,
-                                                workspace.flat<uint8_t>().data(),
-                                                context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("dgc encode launch failed: ",
-                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
-  return tensorflow::OkStatus();
-}
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

@@ -40,8 +40,6 @@ MERGECOMP_AVX2 double PackAndSumAbsAvx2(const float* x, int64_t count, uint8_t* 
 
 }  // namespace
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void EfsignsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input,
                            int64_t n, int64_t, int64_t, uint8_t* payload) {
   const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumAbsAvx2, PackAndSumAbsScalar);
@@ -56,7 +54,7 @@ void EfsignsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInpu
 
 void EfsignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
                            int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
-  const int64_t row_bytes = EfsignsgdDecodeFunctor<CPUDevice>::RowBytes(n, 0);
+  const int64_t row_bytes = EfsignsgdPayloadBytes(n, 0);
   std::vector<float> plus(world_size), minus(world_size);
   for (int64_t w = 0; w < world_size; ++w) {
     plus[w] = LoadFloat(payload + w * row_bytes);
@@ -66,6 +64,6 @@ void EfsignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* 
                  minus.data(), n, TwoLevelCombine::kMean, output);
 }
 
-MERGECOMP_REGISTER_DENSE_CPU_CODEC(Efsignsgd, "efsignsgd");
+MERGECOMP_REGISTER_DENSE_GROUP_CODEC(Efsignsgd, "efsignsgd");
 
 }  // namespace tf_mergecomp

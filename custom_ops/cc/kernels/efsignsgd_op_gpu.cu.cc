@@ -59,36 +59,3 @@ extern "C" int mergecomp_efsignsgd_decode_gpu(const uint8_t* payload, int64_t wo
   return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::EfsignsgdDecodeKernel, payload,
                                        world_size, n, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/efsignsgd_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void EfsignsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                   const float* input, int64_t n, int64_t, int64_t,
-                                                   uint8_t* payload) {
-  gpu::RunLauncherWithScratch(context, "efsignsgd encode", [&](void* scratch, void* stream) {
-    return mergecomp_efsignsgd_encode_gpu(input, n, payload, scratch, stream);
-  });
-}
-
-template <>
-void EfsignsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                   const uint8_t* payload, int64_t world_size,
-                                                   int64_t n, int64_t, float* output) {
-  gpu::RunLauncher(context, "efsignsgd decode", [&](void* stream) {
-    return mergecomp_efsignsgd_decode_gpu(payload, world_size, n, output, stream);
-  });
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdEncode").Device(tensorflow::DEVICE_GPU),
-                        DenseEncodeOp<EfsignsgdEncodeFunctor<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompEfsignsgdDecode").Device(tensorflow::DEVICE_GPU),
-                        DenseDecodeOp<EfsignsgdDecodeFunctor<GPUDevice>>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

@@ -1,7 +1,6 @@
 // fp16 CPU kernels: F16C conversions (8 per instruction) when the CPU has
 // them, Eigen's scalar round-to-nearest-even conversion otherwise; both give
 // IEEE results, so they agree bit for bit on every finite and infinite value.
-#include "cc/kernels/fp16_op.h"
 #include "cc/kernels/group_op.h"
 #include "cc/kernels/payload_size.h"
 
@@ -57,8 +56,6 @@ __attribute__((target("avx,f16c"))) void FromHalfF16c(const uint16_t* x, int64_t
 
 }  // namespace
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void Fp16EncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
                       uint16_t* output) {
   ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
@@ -90,23 +87,6 @@ void Fp16DecodeBlocks(tensorflow::OpKernelContext* context, const uint16_t* inpu
     output.Commit(begin, count, block_output);
   });
 }
-
-template <>
-void Fp16EncodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const float* input, int64_t n, uint16_t* output) {
-  Fp16EncodeBlocks(context, ContiguousInput(input), n, output);
-}
-
-template <>
-void Fp16DecodeFunctor<CPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const uint16_t* input, int64_t n, float* output) {
-  Fp16DecodeBlocks(context, input, n, ContiguousOutput(output));
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_CPU),
-                        Fp16EncodeOp<CPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("MergecompFp16Decode").Device(tensorflow::DEVICE_CPU),
-                        Fp16DecodeOp<CPUDevice>);
 
 using tensorflow::OpKernelContext;
 using tensorflow::Status;

@@ -31,34 +31,3 @@ extern "C" int mergecomp_fp16_decode_gpu(const uint16_t* input, int64_t n, float
                                          void* stream) {
   return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::FromHalfKernel, input, n, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/fp16_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void Fp16EncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const float* input, int64_t n, uint16_t* output) {
-  gpu::RunLauncher(context, "fp16 encode", [&](void* stream) {
-    return mergecomp_fp16_encode_gpu(input, n, output, stream);
-  });
-}
-
-template <>
-void Fp16DecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const uint16_t* input, int64_t n, float* output) {
-  gpu::RunLauncher(context, "fp16 decode", [&](void* stream) {
-    return mergecomp_fp16_decode_gpu(input, n, output, stream);
-  });
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompFp16Encode").Device(tensorflow::DEVICE_GPU),
-                        Fp16EncodeOp<GPUDevice>);
-REGISTER_KERNEL_BUILDER(Name("MergecompFp16Decode").Device(tensorflow::DEVICE_GPU),
-                        Fp16DecodeOp<GPUDevice>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

@@ -94,6 +94,26 @@ int mergecomp_group_decode_gpu(const MergecompGpuCodec* codec, const MergecompGp
                                const int32_t* codec_context, int32_t* nonfinite,
                                void* workspace, void* stream);
 
+// mergecomp_group_decode_gpu without its one wait: a sparse payload's index
+// outside the group is skipped, not reported (as TensorFlow's GPU gather
+// treats a bad index), so nothing synchronises the host. The TensorFlow GPU
+// kernel of MergecompGroupDecode calls this one.
+int mergecomp_group_decode_gpu_async(const MergecompGpuCodec* codec,
+                                     const MergecompGpuGroup* group, const uint8_t* rows,
+                                     int64_t num_rows, const int32_t* codec_context,
+                                     int32_t* nonfinite, void* workspace, void* stream);
+
+// Casts between a gradient of another float dtype and float32 on the device
+// (group_cast_gpu.cu.cc), rounding as the CPU kernels' static_casts do (to
+// nearest even; bfloat16 NaN -> quiet NaN). kind: MERGECOMP_CAST_*.
+#define MERGECOMP_CAST_HALF 1
+#define MERGECOMP_CAST_BFLOAT16 2
+#define MERGECOMP_CAST_DOUBLE 3
+int mergecomp_cast_to_float_gpu(int kind, const void* input, float* output, int64_t n,
+                                void* stream);
+int mergecomp_cast_from_float_gpu(int kind, const float* input, void* output, int64_t n,
+                                  void* stream);
+
 // A message for a return code of the functions above.
 const char* mergecomp_group_error_string(int code);
 // The codec names, comma-separated.

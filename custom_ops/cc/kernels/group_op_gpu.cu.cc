@@ -745,7 +745,7 @@ int BadIndexResult(const int32_t* bad_index, cudaStream_t stream) {
 int DecodeSparse(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
                  float* const* outputs, const uint8_t* rows, int64_t num_rows,
                  const int32_t* codec_context, const int32_t* nonfinite, const Workspace& ws,
-                 cudaStream_t stream) {
+                 bool report_bad_index, cudaStream_t stream) {
   int32_t* bad_index = ws.head + 1;
   MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(bad_index, 0, sizeof(int32_t), stream));
   MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, FillKernel, group, outputs));
@@ -767,7 +767,7 @@ int DecodeSparse(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup g
   }
   MERGECOMP_RETURN_IF_ERROR(
       gpu::LaunchOver(c.total, stream, FinishKernel, group, outputs, effective_rows, nonfinite));
-  return BadIndexResult(bad_index, stream);
+  return report_bad_index ? BadIndexResult(bad_index, stream) : 0;
 }
 
 }  // namespace group_gpu
@@ -842,11 +842,10 @@ extern "C" int mergecomp_group_encode_gpu(const MergecompGpuCodec* codec,
   }
 }
 
-extern "C" int mergecomp_group_decode_gpu(const MergecompGpuCodec* codec,
-                                          const MergecompGpuGroup* group, const uint8_t* rows,
-                                          int64_t num_rows, const int32_t* codec_context,
-                                          int32_t* nonfinite, void* workspace,
-                                          void* stream_ptr) {
+namespace {
+int Decode(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, const uint8_t* rows,
+           int64_t num_rows, const int32_t* codec_context, int32_t* nonfinite, void* workspace,
+           void* stream_ptr, bool report_bad_index) {
   Checked c;
   if (!Check(codec, group, &c) || num_rows < 1) return MERGECOMP_GPU_BAD_ARGUMENT;
   if (c.codec == kRandomk && c.num_tensors > 0 && codec->tensor_k == nullptr) {
@@ -880,8 +879,27 @@ extern "C" int mergecomp_group_decode_gpu(const MergecompGpuCodec* codec,
                                     stream);
     default:
       return DecodeSparse(codec, c, device_group, outputs, rows, num_rows, codec_context, flags,
-                          ws, stream);
+                          ws, report_bad_index, stream);
   }
+}
+}  // namespace
+
+extern "C" int mergecomp_group_decode_gpu(const MergecompGpuCodec* codec,
+                                          const MergecompGpuGroup* group, const uint8_t* rows,
+                                          int64_t num_rows, const int32_t* codec_context,
+                                          int32_t* nonfinite, void* workspace,
+                                          void* stream_ptr) {
+  return Decode(codec, group, rows, num_rows, codec_context, nonfinite, workspace, stream_ptr,
+                /*report_bad_index=*/true);
+}
+
+extern "C" int mergecomp_group_decode_gpu_async(const MergecompGpuCodec* codec,
+                                                const MergecompGpuGroup* group,
+                                                const uint8_t* rows, int64_t num_rows,
+                                                const int32_t* codec_context, int32_t* nonfinite,
+                                                void* workspace, void* stream_ptr) {
+  return Decode(codec, group, rows, num_rows, codec_context, nonfinite, workspace, stream_ptr,
+                /*report_bad_index=*/false);
 }
 
 extern "C" const char* mergecomp_group_error_string(int code) {

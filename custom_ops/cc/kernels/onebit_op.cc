@@ -70,8 +70,6 @@ MERGECOMP_AVX2 SideSums PackAndSumSidesAvx2(const float* x, int64_t count, uint8
 
 }  // namespace
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void OnebitEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
                         int64_t, int64_t, uint8_t* payload) {
   const auto pack = MERGECOMP_AVX2_OR_SCALAR(PackAndSumSidesAvx2, PackAndSumSidesScalar);
@@ -99,7 +97,7 @@ void OnebitEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& 
 
 void OnebitDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
                         int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
-  const int64_t row_bytes = OnebitDecodeFunctor<CPUDevice>::RowBytes(n, 0);
+  const int64_t row_bytes = OnebitPayloadBytes(n, 0);
   std::vector<float> positive(world_size), negative(world_size);
   for (int64_t w = 0; w < world_size; ++w) {
     positive[w] = LoadFloat(payload + w * row_bytes);
@@ -109,6 +107,6 @@ void OnebitDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* pay
                  negative.data(), n, TwoLevelCombine::kMean, output);
 }
 
-MERGECOMP_REGISTER_DENSE_CPU_CODEC(Onebit, "onebit");
+MERGECOMP_REGISTER_DENSE_GROUP_CODEC(Onebit, "onebit");
 
 }  // namespace tf_mergecomp

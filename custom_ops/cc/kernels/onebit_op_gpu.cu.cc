@@ -75,36 +75,3 @@ extern "C" int mergecomp_onebit_decode_gpu(const uint8_t* payload, int64_t world
   return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::OnebitDecodeKernel, payload,
                                        world_size, n, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/onebit_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void OnebitEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                const float* input, int64_t n, int64_t, int64_t,
-                                                uint8_t* payload) {
-  gpu::RunLauncherWithScratch(context, "onebit encode", [&](void* scratch, void* stream) {
-    return mergecomp_onebit_encode_gpu(input, n, payload, scratch, stream);
-  });
-}
-
-template <>
-void OnebitDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                const uint8_t* payload, int64_t world_size,
-                                                int64_t n, int64_t, float* output) {
-  gpu::RunLauncher(context, "onebit decode", [&](void* stream) {
-    return mergecomp_onebit_decode_gpu(payload, world_size, n, output, stream);
-  });
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompOnebitEncode").Device(tensorflow::DEVICE_GPU),
-                        DenseEncodeOp<OnebitEncodeFunctor<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompOnebitDecode").Device(tensorflow::DEVICE_GPU),
-                        DenseDecodeOp<OnebitDecodeFunctor<GPUDevice>>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

@@ -153,8 +153,6 @@ __attribute__((target_clones("avx2", "default"))) void AccumulateLevels(
 
 }  // namespace
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void QsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
                       int64_t seed, int64_t levels, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
@@ -210,7 +208,7 @@ void QsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& in
 
 void QsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
                       int64_t world_size, int64_t n, int64_t levels, const BlockOutput& output) {
-  const int64_t row_bytes = QsgdDecodeFunctor<CPUDevice>::RowBytes(n, levels);
+  const int64_t row_bytes = QsgdPayloadBytes(n, levels);
   const int bits = QsgdCodeBits(levels);
   const float levels_f = static_cast<float>(levels);
   std::vector<float> unit(world_size);
@@ -240,6 +238,6 @@ void QsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* paylo
   });
 }
 
-MERGECOMP_REGISTER_DENSE_CPU_CODEC(Qsgd, "qsgd");
+MERGECOMP_REGISTER_DENSE_GROUP_CODEC(Qsgd, "qsgd");
 
 }  // namespace tf_mergecomp

@@ -106,38 +106,3 @@ extern "C" int mergecomp_qsgd_decode_gpu(const uint8_t* payload, int64_t world_s
                                        world_size, n, static_cast<int32_t>(levels), bits,
                                        row_bytes, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/qsgd_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void QsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const float* input, int64_t n, int64_t seed,
-                                              int64_t levels, uint8_t* payload) {
-  gpu::RunLauncherWithScratch(context, "qsgd encode", [&](void* scratch, void* stream) {
-    return mergecomp_qsgd_encode_gpu(input, n, seed, levels, payload, scratch, stream);
-  });
-}
-
-template <>
-void QsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                              const uint8_t* payload, int64_t world_size,
-                                              int64_t n, int64_t levels, float* output) {
-  gpu::RunLauncher(context, "qsgd decode", [&](void* stream) {
-    return mergecomp_qsgd_decode_gpu(payload, world_size, n, levels, output, stream);
-  });
-}
-
-// The seed is read on the host, when the kernels are launched.
-REGISTER_KERNEL_BUILDER(
-    Name("MergecompQsgdEncode").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
-    DenseEncodeOp<QsgdEncodeFunctor<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompQsgdDecode").Device(tensorflow::DEVICE_GPU),
-                        DenseDecodeOp<QsgdDecodeFunctor<GPUDevice>>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

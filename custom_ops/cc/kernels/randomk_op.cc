@@ -1,7 +1,4 @@
-// CPU kernel of MergecompRandomkIndices (algorithm in randomk_op.h).
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#endif
+// The random-k group codec (CPU; the draw in randomk_op.h).
 #include "cc/kernels/randomk_op.h"
 
 #include <algorithm>
@@ -24,7 +21,6 @@ using tensorflow::OpKernelContext;
 using tensorflow::Status;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
-using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
 
@@ -136,41 +132,6 @@ void RandomkSelect(int64_t seed, int64_t n, int64_t k, int32_t* indices, const R
       [indices](int64_t i, int64_t position) { indices[position] = static_cast<int32_t>(i); },
       run);
 }
-
-template <>
-Status RandomkIndicesFunctor<CPUDevice>::operator()(OpKernelContext* context, int64_t seed,
-                                                    int64_t n, int64_t k, int32_t* indices) {
-  RandomkSelect(seed, n, k, indices, CpuBlockRunner(context, sparse::MakeBlocks(n).size * 8));
-  return tensorflow::OkStatus();
-}
-
-template <typename Device>
-class RandomkIndicesOp : public OpKernel {
- public:
-  explicit RandomkIndicesOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("n", &n_));
-    OP_REQUIRES_OK(context, context->GetAttr("k", &k_));
-    OP_REQUIRES(context, k_ <= n_ && n_ <= INT32_MAX,
-                tensorflow::errors::InvalidArgument("need 0 <= k <= n <= 2^31 - 1"));
-  }
-
-  void Compute(OpKernelContext* context) override {
-    const Tensor& seed = context->input(0);
-    OP_REQUIRES(context, seed.dims() == 0,
-                tensorflow::errors::InvalidArgument("seed must be a scalar"));
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({k_}), &indices));
-    OP_REQUIRES_OK(context, RandomkIndicesFunctor<Device>()(context, seed.scalar<int64_t>()(), n_,
-                                                            k_, indices->flat<int32_t>().data()));
-  }
-
- private:
-  int64_t n_;
-  int64_t k_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVICE_CPU),
-                        RandomkIndicesOp<CPUDevice>);
 
 // Random-k within a group samples each tensor on its own, k_i = tensor_k[i]
 // positions drawn from TensorSeed(seed, i), as the tensor would be sampled
@@ -314,14 +275,5 @@ class RandomkGroupCodec : public GroupCodec {
 };
 REGISTER_GROUP_CODEC("randomk", RandomkGroupCodec);
 
-#if GOOGLE_CUDA
-using GPUDevice = Eigen::GpuDevice;
-// Specialised in randomk_op_gpu.cu.cc.
-template <>
-Status RandomkIndicesFunctor<GPUDevice>::operator()(OpKernelContext* context, int64_t seed,
-                                                    int64_t n, int64_t k, int32_t* indices);
-REGISTER_KERNEL_BUILDER(Name("MergecompRandomkIndices").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
-                        RandomkIndicesOp<GPUDevice>);
-#endif  // GOOGLE_CUDA
 
 }  // namespace tf_mergecomp

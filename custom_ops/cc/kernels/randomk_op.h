@@ -1,4 +1,5 @@
-// Random-k index selection: functor shared by the CPU and CUDA kernels.
+// Random-k index selection, as the random-k group codec (randomk_op.cc) and
+// its CUDA launchers (randomk_op_gpu.cu.cc, group_op_gpu.cu.cc) draw.
 //
 // Every position i gets the random key RandomBits(seed, i); the k positions
 // with the largest keys (ties to the lower index) are chosen, returned in
@@ -8,19 +9,5 @@
 // keys).
 #ifndef TF_MERGECOMP_RANDOMK_OP_H_
 #define TF_MERGECOMP_RANDOMK_OP_H_
-
-#include <cstdint>
-
-#include "tensorflow/core/framework/op_kernel.h"
-
-namespace tf_mergecomp {
-
-template <typename Device>
-struct RandomkIndicesFunctor {
-  tensorflow::Status operator()(tensorflow::OpKernelContext* context, int64_t seed, int64_t n,
-                                int64_t k, int32_t* indices);
-};
-
-}  // namespace tf_mergecomp
 
 #endif  // TF_MERGECOMP_RANDOMK_OP_H_

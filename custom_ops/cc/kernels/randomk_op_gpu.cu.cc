@@ -1,4 +1,5 @@
-// CUDA kernel of MergecompRandomkIndices (algorithm in randomk_op.h).
+// Random-k's CUDA draw (algorithm in randomk_op.h): its launcher, also used by
+// the group launchers (group_op_gpu.cu.cc).
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t):
 //   size_t mergecomp_randomk_workspace_bytes(int64_t n);
@@ -41,30 +42,3 @@ extern "C" int mergecomp_randomk_indices_gpu(int64_t seed, int64_t n, int64_t k,
   gpu_select::LaunchEmit(n, key, IndexEmit{indices}, ws, stream);
   return static_cast<int>(cudaGetLastError());
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/randomk_op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-
-namespace tf_mergecomp {
-
-template <>
-tensorflow::Status RandomkIndicesFunctor<Eigen::GpuDevice>::operator()(
-    tensorflow::OpKernelContext* context, int64_t seed, int64_t n, int64_t k, int32_t* indices) {
-  if (k == 0) return tensorflow::OkStatus();
-  tensorflow::Tensor workspace;
-  TF_RETURN_IF_ERROR(context->allocate_temp(
-      tensorflow::DT_UINT8,
-      tensorflow::TensorShape({static_cast<int64_t>(mergecomp_randomk_workspace_bytes(n))}),
-      &workspace));
-  const int error = mergecomp_randomk_indices_gpu(seed, n, k, indices,
-                                                     workspace.flat<uint8_t>().data(),
-                                                     context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("randomk launch failed: ",
-                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
-  return tensorflow::OkStatus();
-}
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

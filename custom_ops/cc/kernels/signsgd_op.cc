@@ -8,8 +8,6 @@
 
 namespace tf_mergecomp {
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void SignsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input, int64_t n,
                          int64_t, int64_t, uint8_t* payload) {
   ForEachBlock(context, NumBlocks(n), kBlockElements, [&](int64_t block) {
@@ -26,6 +24,6 @@ void SignsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* pa
                  TwoLevelCombine::kMajority, output);
 }
 
-MERGECOMP_REGISTER_DENSE_CPU_CODEC(Signsgd, "signsgd");
+MERGECOMP_REGISTER_DENSE_GROUP_CODEC(Signsgd, "signsgd");
 
 }  // namespace tf_mergecomp

@@ -1,25 +1,14 @@
-// Signsgd encode/decode functors (see cc/ops/signsgd_ops.cc for the wire format).
+// Signsgd: the payload size of its group codec (blocks in cc/kernels/signsgd_op.cc).
 #ifndef TF_MERGECOMP_SIGNSGD_OP_H_
 #define TF_MERGECOMP_SIGNSGD_OP_H_
 
-#include "cc/kernels/dense_op.h"
+#include <cstdint>
+
 #include "cc/kernels/payload_size.h"
 
 namespace tf_mergecomp {
 
-template <typename Device>
-struct SignsgdEncodeFunctor {
-  static int64_t PayloadBytes(int64_t n, int64_t /*levels*/) { return payload_size::Signsgd(n); }
-  void operator()(tensorflow::OpKernelContext* context, const float* input, int64_t n,
-                  int64_t seed, int64_t levels, uint8_t* payload);
-};
-
-template <typename Device>
-struct SignsgdDecodeFunctor {
-  static int64_t RowBytes(int64_t n, int64_t /*levels*/) { return payload_size::Signsgd(n); }
-  void operator()(tensorflow::OpKernelContext* context, const uint8_t* payload,
-                  int64_t world_size, int64_t n, int64_t levels, float* output);
-};
+inline int64_t SignsgdPayloadBytes(int64_t n, int64_t /*levels*/) { return payload_size::Signsgd(n); }
 
 }  // namespace tf_mergecomp
 

@@ -37,36 +37,3 @@ extern "C" int mergecomp_signsgd_decode_gpu(const uint8_t* payload, int64_t worl
   return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::MajorityVoteKernel, payload,
                                        world_size, n, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/signsgd_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void SignsgdEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                 const float* input, int64_t n, int64_t, int64_t,
-                                                 uint8_t* payload) {
-  gpu::RunLauncher(context, "signsgd encode", [&](void* stream) {
-    return mergecomp_signsgd_encode_gpu(input, n, payload, stream);
-  });
-}
-
-template <>
-void SignsgdDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                 const uint8_t* payload, int64_t world_size,
-                                                 int64_t n, int64_t, float* output) {
-  gpu::RunLauncher(context, "signsgd decode", [&](void* stream) {
-    return mergecomp_signsgd_decode_gpu(payload, world_size, n, output, stream);
-  });
-}
-
-REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdEncode").Device(tensorflow::DEVICE_GPU),
-                        DenseEncodeOp<SignsgdEncodeFunctor<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompSignsgdDecode").Device(tensorflow::DEVICE_GPU),
-                        DenseDecodeOp<SignsgdDecodeFunctor<GPUDevice>>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

@@ -11,7 +11,8 @@ namespace tf_mergecomp {
 
 tensorflow::Status LockedStateVariables::Acquire(tensorflow::OpKernelContext* context,
                                                  const std::vector<int64_t>& expected_sizes,
-                                                 const std::string& layout_hint, bool exclusive) {
+                                                 const std::string& layout_hint, bool exclusive,
+                                                 const DeviceCopy* device_copy) {
   exclusive_ = exclusive;
   int first, end;
   TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
@@ -53,7 +54,11 @@ tensorflow::Status LockedStateVariables::Acquire(tensorflow::OpKernelContext* co
     if (exclusive_ && !variables_[i]->copy_on_read_mode.load() && !tensor->RefCountIsOne()) {
       tensorflow::Tensor copy;
       TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_FLOAT, tensor->shape(), &copy));
-      memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+      if (device_copy != nullptr) {
+        TF_RETURN_IF_ERROR((*device_copy)(copy.data(), tensor->data(), tensor->TotalBytes()));
+      } else {
+        memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+      }
       *tensor = copy;
     }
     buffers_[i] = tensor->flat<float>().data();

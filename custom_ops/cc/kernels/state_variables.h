@@ -5,6 +5,7 @@
 #define TF_MERGECOMP_STATE_VARIABLES_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,11 +34,16 @@ void DispatchFloatType(tensorflow::DataType dtype, const Fn& fn) {
 // earlier is copied first), or shared to read them.
 class LockedStateVariables {
  public:
+  // Copies bytes between two buffers of the kernel's device (a GPU kernel's
+  // asynchronous copy on its stream); null: memcpy (host memory).
+  using DeviceCopy = std::function<tensorflow::Status(void*, const void*, size_t)>;
+
   // expected_sizes[i]: the elements variable i must hold; layout_hint names
   // what they are, for the error message.
   tensorflow::Status Acquire(tensorflow::OpKernelContext* context,
                              const std::vector<int64_t>& expected_sizes,
-                             const std::string& layout_hint, bool exclusive);
+                             const std::string& layout_hint, bool exclusive,
+                             const DeviceCopy* copy = nullptr);
   ~LockedStateVariables();
 
   // Variable i's buffer; nullptr when there are no variables.

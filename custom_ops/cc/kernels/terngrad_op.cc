@@ -103,8 +103,6 @@ MERGECOMP_AVX2 int64_t TernaryCodesAvx2(const float* x, int64_t first, int64_t c
 
 }  // namespace
 
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 void TerngradEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& input,
                           int64_t n, int64_t seed, int64_t, uint8_t* payload) {
   const bool avx2 = CpuHasAvx2();
@@ -164,7 +162,7 @@ struct TernaryByteTable {
 
 void TerngradDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* payload,
                           int64_t world_size, int64_t n, int64_t, const BlockOutput& output) {
-  const int64_t row_bytes = TerngradDecodeFunctor<CPUDevice>::RowBytes(n, 0);
+  const int64_t row_bytes = TerngradPayloadBytes(n, 0);
   const float divisor = static_cast<float>(world_size);
   std::vector<std::unique_ptr<TernaryByteTable>> tables;
   for (int64_t w = 0; w < world_size; ++w) {
@@ -201,6 +199,6 @@ void TerngradDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* p
   });
 }
 
-MERGECOMP_REGISTER_DENSE_CPU_CODEC(Terngrad, "terngrad");
+MERGECOMP_REGISTER_DENSE_GROUP_CODEC(Terngrad, "terngrad");
 
 }  // namespace tf_mergecomp

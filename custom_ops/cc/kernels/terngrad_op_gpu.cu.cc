@@ -89,38 +89,3 @@ extern "C" int mergecomp_terngrad_decode_gpu(const uint8_t* payload, int64_t wor
   return tf_mergecomp::gpu::LaunchOver(n, stream, tf_mergecomp::TerngradDecodeKernel, payload,
                                        world_size, n, output);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/dense_gpu_op.h"
-#include "cc/kernels/terngrad_op.h"
-
-namespace tf_mergecomp {
-
-template <>
-void TerngradEncodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                  const float* input, int64_t n, int64_t seed,
-                                                  int64_t, uint8_t* payload) {
-  gpu::RunLauncherWithScratch(context, "terngrad encode", [&](void* scratch, void* stream) {
-    return mergecomp_terngrad_encode_gpu(input, n, seed, payload, scratch, stream);
-  });
-}
-
-template <>
-void TerngradDecodeFunctor<GPUDevice>::operator()(tensorflow::OpKernelContext* context,
-                                                  const uint8_t* payload, int64_t world_size,
-                                                  int64_t n, int64_t, float* output) {
-  gpu::RunLauncher(context, "terngrad decode", [&](void* stream) {
-    return mergecomp_terngrad_decode_gpu(payload, world_size, n, output, stream);
-  });
-}
-
-// The seed is read on the host, when the kernels are launched.
-REGISTER_KERNEL_BUILDER(
-    Name("MergecompTerngradEncode").Device(tensorflow::DEVICE_GPU).HostMemory("seed"),
-    DenseEncodeOp<TerngradEncodeFunctor<GPUDevice>>);
-REGISTER_KERNEL_BUILDER(Name("MergecompTerngradDecode").Device(tensorflow::DEVICE_GPU),
-                        DenseDecodeOp<TerngradDecodeFunctor<GPUDevice>>);
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA

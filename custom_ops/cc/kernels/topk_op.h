@@ -1,9 +1,9 @@
-// Top-k sparsification: functors shared by the CPU and CUDA kernels.
+// Top-k sparsification: the sparse group codecs' shared parts (topk, dgc).
 //
 // Payload of k slots (8k bytes, little-endian): k float32 values, then k int32
-// indices, in ascending index order. MergecompSparseScatterMean decodes W such
-// payloads concatenated (W * 8k bytes): it adds every worker's values into
-// zeros, worker by worker, and divides by W. dgc uses the same payload.
+// indices, in ascending index order. The decoder of W such payloads
+// concatenated (W * 8k bytes) adds every worker's values into zeros, worker
+// by worker, and divides by W. dgc uses the same payload.
 #ifndef TF_MERGECOMP_TOPK_OP_H_
 #define TF_MERGECOMP_TOPK_OP_H_
 
@@ -17,21 +17,6 @@
 
 namespace tf_mergecomp {
 
-template <typename Device>
-struct TopkEncodeFunctor {
-  // Selects the k largest |input| (NaN as +inf; ties to the lower index).
-  tensorflow::Status operator()(tensorflow::OpKernelContext* context, const float* input,
-                                int64_t n, int64_t k, uint8_t* payload);
-};
-
-template <typename Device>
-struct SparseScatterMeanFunctor {
-  tensorflow::Status operator()(tensorflow::OpKernelContext* context, const uint8_t* payloads,
-                                int64_t workers, int64_t k, int64_t n, float* output);
-};
-
-// The group codecs sending k slots of the group's flat space (topk, dgc):
-// their payload size and decode (CPU, in topk_op.cc).
 class SparseGroupCodec : public GroupCodec {
  public:
   int64_t PayloadBytes(const GroupLayout&, const GroupCodecParams& params) const override {
@@ -74,7 +59,7 @@ void EmitLargestCandidates(const BlockCandidates& candidates, int64_t k, uint8_t
 
 // The exact top-k of a compensated group into the 8k-byte payload: the k
 // largest |p| (NaN as +inf, ties to the lower index), ascending index order,
-// as MergecompTopkEncode and the plain-TF reference select them. With
+// as the plain-TF reference select them. With
 // `compensate`, runs input.Compensate and selects in the same pass (a
 // threshold taken from a sample of p before it, so that one compare-and-
 // collect pass leaves a few more than k candidates; the radix select over the

@@ -1,4 +1,5 @@
-// CUDA kernels of MergecompTopkEncode and MergecompSparseScatterMean.
+// Top-k's CUDA selection and scatter-mean: their launchers, the selection also
+// used by the group launchers (group_op_gpu.cu.cc).
 //
 // Framework-free entry points (raw device pointers, a cudaStream_t; callable
 // through ctypes with CuPy arrays):
@@ -102,50 +103,3 @@ extern "C" int mergecomp_sparse_scatter_mean_gpu(const uint8_t* payloads, int64_
   if (error == 0) error = freed;
   return error != 0 ? error : (found ? MERGECOMP_SPARSE_BAD_INDEX : 0);
 }
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "cc/kernels/topk_op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-
-namespace tf_mergecomp {
-
-using GPUDevice = Eigen::GpuDevice;
-
-template <>
-tensorflow::Status TopkEncodeFunctor<GPUDevice>::operator()(
-    tensorflow::OpKernelContext* context, const float* input, int64_t n, int64_t k,
-    uint8_t* payload) {
-  if (k == 0) return tensorflow::OkStatus();
-  tensorflow::Tensor workspace;
-  TF_RETURN_IF_ERROR(context->allocate_temp(
-      tensorflow::DT_UINT8,
-      tensorflow::TensorShape({static_cast<int64_t>(mergecomp_topk_workspace_bytes(n))}),
-      &workspace));
-  const int error = mergecomp_topk_encode_gpu(input, n, k, payload,
-                                                 workspace.flat<uint8_t>().data(),
-                                                 context->eigen_gpu_device().stream());
-  if (error != 0) return tensorflow::errors::Internal("topk encode launch failed: ",
-                                                      cudaGetErrorString(static_cast<cudaError_t>(error)));
-  return tensorflow::OkStatus();
-}
-
-template <>
-tensorflow::Status SparseScatterMeanFunctor<GPUDevice>::operator()(
-    tensorflow::OpKernelContext* context, const uint8_t* payloads, int64_t workers, int64_t k,
-    int64_t n, float* output) {
-  const int error = mergecomp_sparse_scatter_mean_gpu(payloads, workers, k, n, output,
-                                                         context->eigen_gpu_device().stream());
-  if (error == MERGECOMP_SPARSE_BAD_INDEX) {
-    return tensorflow::errors::InvalidArgument("a sparse payload holds an index outside [0, ", n,
-                                               ")");
-  }
-  if (error != 0) {
-    return tensorflow::errors::Internal("sparse decode launch failed: ",
-                                        cudaGetErrorString(static_cast<cudaError_t>(error)));
-  }
-  return tensorflow::OkStatus();
-}
-
-}  // namespace tf_mergecomp
-#endif  // GOOGLE_CUDA
