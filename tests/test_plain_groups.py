@@ -175,3 +175,36 @@ def test_pending_of_each_memory():
     np.testing.assert_allclose(pending.numpy(), [2.0])
     assert get_memory("momentum").pending({"momentum": tf.constant([1.0])}) is None
     assert get_memory("none").pending({}) is None
+
+
+@pytest.mark.multiworker
+def test_two_ranks_switch_a_group_to_plain_and_back_and_step_aside_for_plain_horovod():
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_plain_groups.py", np=2)
+    phases = [{r["phase"]: r for r in results[rank]} for rank in (0, 1)]
+    order = ["compressed", "group0_plain", "group0_plain_more", "compressed_again",
+             "plain_horovod", "back_to_mergecomp"]
+    assert list(phases[0]) == order and list(phases[1]) == order
+    checksums = [phases[0][name]["checksum"] for name in order]
+    for name in order:
+        assert phases[1][name]["checksum"] == phases[0][name]["checksum"], name
+    assert len(set(checksums)) == len(order), "some phase did not train"
+    # Back to compressed, group 0 holds a residual again (on some rank: its
+    # 4-element bias may be sent whole on one).
+    assert max(max(phases[r]["compressed_again"]["residual_max"][:2]) for r in (0, 1)) > 0
+    for rank in (0, 1):
+        p = phases[rank]
+        assert max(p["compressed"]["residual_max"][2:]) > 0
+        # Group 0 (tensors 0-1) sent plain: its residual went out and stays zero;
+        # group 1 is still compressed and keeps its own.
+        for name in ("group0_plain", "group0_plain_more"):
+            assert p[name]["residual_max"][:2] == [0.0, 0.0], (rank, name)
+            assert min(p[name]["residual_max"][2:]) > 0, (rank, name)
+            assert p[name]["group_codecs"] == ["none", "topk"]
+        assert p["group0_plain"]["collectives"] == 2
+        # Plain Horovod: no MergeComp collective, every residual sent.
+        assert p["plain_horovod"]["collectives"] == 0
+        assert p["plain_horovod"]["residual_max"] == [0.0] * 6
+        assert max(p["back_to_mergecomp"]["residual_max"]) > 0
+        assert p["back_to_mergecomp"]["collectives"] == 6

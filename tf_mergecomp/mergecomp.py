@@ -143,6 +143,7 @@ class MergeComp(tf.Module):
         self._splits = None
         self._group_codecs_spec = None
         self._group_codecs = None
+        self._steps_aside = False
         self.partition_version = 0
         self._layout = None
         self._state = None
@@ -241,6 +242,23 @@ class MergeComp(tf.Module):
         self._group_codecs_spec = codecs_spec
         self._splits = splits
         self._group_codecs = codecs
+        self._steps_aside = False
+        self.partition_version += 1
+        self._eager_reduce = None
+
+    @property
+    def steps_aside(self):
+        """Whether MergeComp steps aside for plain Horovod (``set_plain_horovod``)."""
+        return self._steps_aside
+
+    def set_plain_horovod(self):
+        """From the next trace on, the gradients are reduced by plain Horovod:
+        Horovod's own reduce function without compression (its tensor fusion,
+        ``compression=hvd.Compression.none``). What the memory had not sent
+        goes out with the first step; ``set_partition`` brings MergeComp back,
+        its state from zero. Needs the Horovod hook (importing tf_mergecomp
+        installs it), which hands MergeComp plain Horovod's reduce function."""
+        self._steps_aside = True
         self.partition_version += 1
         self._eager_reduce = None
 
@@ -253,6 +271,7 @@ class MergeComp(tf.Module):
             "splits": None if self.splits is None else list(self.splits),
             "plain_groups": self.plain_groups,
             "group_codecs": None if self.group_codecs is None else list(self.group_codecs),
+            "plain_horovod": self._steps_aside,
         }
 
     def model_fingerprint(self):
@@ -274,8 +293,12 @@ class MergeComp(tf.Module):
 
     # ---- the reduce function Horovod calls ------------------------------------------
 
-    def make_reduce_fn(self, op=None, process_set=None, device_dense=""):
-        """Returns Horovod's ``allreduce_grads(grads, vars=None, use_generic_names=False)``."""
+    def make_reduce_fn(self, op=None, process_set=None, device_dense="", plain_horovod=None):
+        """Returns Horovod's ``allreduce_grads(grads, vars=None, use_generic_names=False)``.
+
+        ``plain_horovod``: a callable returning Horovod's own reduce function
+        without compression (tf_mergecomp/horovod_hook.py passes it), used
+        while MergeComp steps aside (``set_plain_horovod``)."""
         import horovod.tensorflow as hvd
 
         op = hvd.Average if op is None else op
@@ -295,6 +318,14 @@ class MergeComp(tf.Module):
             # Groups are formed from the gradients alone, and their collectives
             # are named by group, identically on every rank. The variables'
             # names only label non-finite gradients in errors.
+            if self._steps_aside:
+                if plain_horovod is None:
+                    raise RuntimeError(
+                        "MergeComp was set to step aside for plain Horovod, but this reduce "
+                        "function was not made by the Horovod hook (import tf_mergecomp before "
+                        "building the DistributedOptimizer or DistributedGradientTape)")
+                return self._reduce_plain_horovod(list(grads), vars, use_generic_names,
+                                                  plain_horovod(), process_set)
             del use_generic_names
             grads = list(grads)
             names = _tensor_names(grads, vars)
@@ -313,6 +344,37 @@ class MergeComp(tf.Module):
             return out
 
         return allreduce_grads
+
+    def _reduce_plain_horovod(self, grads, variables, use_generic_names, plain_reduce,
+                              process_set):
+        """Plain Horovod's reduction of ``grads``, after MergeComp sends what its
+        memory holds unsent with them (and clears it): stepping aside loses no
+        error-feedback state."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        order = present[::-1]
+        if not order:
+            return plain_reduce(grads, variables, use_generic_names)
+        dense = [_densify(grads[i]) for i in order]
+        self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
+        communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
+        description = dict(self._layout.describe(), world_size=communicator.size,
+                           seed=self.seed, nonfinite=self.nonfinite, **self.describe())
+        guards = []
+        if description != self._agreed_description:
+            guards = consistency.check_ranks_agree(description, communicator.process_set)
+            if not guards:
+                self._agreed_description = description
+        state = self.state_variables()
+        self.rank_state.reconcile_if_needed(communicator)
+        with tf.control_dependencies(guards):
+            flush = plain_groups.StateFlush(self.memory, state, dense)
+            sent = flush.gradients_to_send()
+        full = list(grads)
+        for position, i in enumerate(order):
+            full[i] = sent[position]
+        reduced = plain_reduce(full, variables, use_generic_names)
+        with tf.control_dependencies(flush.clear_sent_state()):
+            return [None if r is None else tf.identity(r) for r in reduced]
 
     def _reduce(self, grads, communicator, scale_by_size, names):
         present = [i for i, g in enumerate(grads) if g is not None]
