@@ -163,3 +163,31 @@ def test_codecs_are_checked():
         PartitionSearchAlgorithm([1, 2, 3], codecs=("topk", "topk"))
     with pytest.raises(ValueError, match="plain_horovod must be"):
         PartitionSearchAlgorithm([1, 2, 3], plain_horovod="yes")
+
+
+class _RankZeroValues:
+    """WorkerValues on one process: rank 0's answer is everybody's."""
+
+    def from_rank0(self, value, name):
+        del name
+        return value
+
+
+def test_a_saved_partition_with_group_codecs_or_plain_horovod_reloads(tmp_path):
+    from tf_mergecomp.search.store import PartitionStore
+
+    store = PartitionStore(tmp_path / "partition.json", _RankZeroValues())
+    identity = {"model_fingerprint": "abc", "world_size": 2, "compression": {"compressor": "topk"}}
+    store.save(identity, {"partition": [3, 7], "group_codecs": ["none", "topk", "topk"],
+                          "plain_horovod": False})
+    saved, reason = store.load(identity, num_tensors=10)
+    assert reason is None
+    assert saved == {"partition": [3, 7], "group_codecs": ["none", "topk", "topk"],
+                     "plain_horovod": False}
+    store.save(identity, {"partition": [], "group_codecs": None, "plain_horovod": True})
+    assert store.load(identity, 10)[0]["plain_horovod"] is True
+    store.save(identity, {"partition": [3], "group_codecs": ["none"], "plain_horovod": False})
+    saved, reason = store.load(identity, 10)
+    assert saved is None and "invalid group codecs" in reason
+    saved, reason = store.load(dict(identity, world_size=4), 10)
+    assert saved is None and "different world size" in reason
