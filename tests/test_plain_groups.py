@@ -208,3 +208,13 @@ def test_two_ranks_switch_a_group_to_plain_and_back_and_step_aside_for_plain_hor
         assert p["plain_horovod"]["residual_max"] == [0.0] * 6
         assert max(p["back_to_mergecomp"]["residual_max"]) > 0
         assert p["back_to_mergecomp"]["collectives"] == 6
+
+
+@pytest.mark.parametrize("name, plain_groups, expected", [
+    ("topk", True, ("topk", "none")), ("topk", False, None), ("none", True, None),
+    ("fp16", True, ("fp16", "none"))])
+def test_the_search_chooses_per_group_between_the_codec_and_none(name, plain_groups, expected):
+    from tf_mergecomp.search import PartitionSearchDriver
+
+    driver = PartitionSearchDriver(MergeComp(name, plain_groups=plain_groups), verbose=0)
+    assert driver.searched_codecs() == expected

@@ -402,7 +402,8 @@ class PartitionSearchDriver:
         """The codecs the search chooses from per group: the compressor and
         ``none`` (a plain allreduce) with ``plain_groups``; None: the compressor only."""
         compression = self.compression
-        if not compression.plain_groups or "none" not in compression.codec_choices:
+        if (not compression.plain_groups or "none" not in compression.codec_choices
+                or compression.compressor.name == "none"):
             return None
         return (compression.compressor.name, "none")
 
