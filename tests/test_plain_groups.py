@@ -218,3 +218,15 @@ def test_the_search_chooses_per_group_between_the_codec_and_none(name, plain_gro
 
     driver = PartitionSearchDriver(MergeComp(name, plain_groups=plain_groups), verbose=0)
     assert driver.searched_codecs() == expected
+    both = PartitionSearchDriver(MergeComp(name, plain_groups=plain_groups), verbose=0,
+                                 plain_codecs=("none", "fp16"))
+    if expected is not None and name != "fp16":
+        assert both.searched_codecs() == (name, "none", "fp16")
+
+
+@pytest.mark.parametrize("plain_codecs", ["none", (), ("none", "none"), ("qsgd",)])
+def test_bad_plain_codecs_are_refused(plain_codecs):
+    from tf_mergecomp.search import PartitionSearchDriver
+
+    with pytest.raises(ValueError, match="plain_codecs must be"):
+        PartitionSearchDriver(MergeComp("topk"), plain_codecs=plain_codecs)

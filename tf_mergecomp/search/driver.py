@@ -118,13 +118,17 @@ class PartitionSearchDriver:
         otherwise keep every candidate's collectives and coordinate them in
         every later cycle, slowing the candidates timed after them and the
         training that follows the search.
+      plain_codecs: the codecs a group may use instead of the compressor,
+        where the MergeComp has ``plain_groups`` on: ``("none",)`` (default,
+        exact), or ``("none", "fp16")`` (fp16 groups too, at half the bytes).
       **search_options: more ``PartitionSearchAlgorithm`` arguments.
     """
 
     def __init__(self, compression, max_groups=4, steps_per_candidate=3, rounds=4, finalists=3,
                  warmup_steps=2, profiled_steps=4, probe_repeats=3, save_path=None, verbose=1,
                  log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
-                 min_turn_seconds=0.0, restart_horovod=True, **search_options):
+                 min_turn_seconds=0.0, restart_horovod=True, plain_codecs=("none",),
+                 **search_options):
         from tf_mergecomp.mergecomp import MergeComp
 
         if not isinstance(compression, MergeComp):
@@ -140,6 +144,14 @@ class PartitionSearchDriver:
             if value not in (0, 1, True, False):
                 raise ValueError("%s must be 0 or 1, got %r" % (name, value))
         check_in_interval("min_turn_seconds", min_turn_seconds, "[0, inf)")
+        from tf_mergecomp.plain_groups import PLAIN_CODECS
+
+        if (isinstance(plain_codecs, str) or not plain_codecs
+                or any(c not in PLAIN_CODECS for c in plain_codecs)
+                or len(set(plain_codecs)) != len(plain_codecs)):
+            raise ValueError("plain_codecs must be distinct names among %s, got %r"
+                             % (", ".join(PLAIN_CODECS), plain_codecs))
+        self.plain_codecs = tuple(plain_codecs)
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError("save_path must be a path or None, got %r" % (save_path,))
         unknown = set(search_options) - _ALGORITHM_OPTIONS
@@ -400,12 +412,13 @@ class PartitionSearchDriver:
 
     def searched_codecs(self):
         """The codecs the search chooses from per group: the compressor and
-        ``none`` (a plain allreduce) with ``plain_groups``; None: the compressor only."""
+        ``plain_codecs`` with ``plain_groups``; None: the compressor only."""
         compression = self.compression
-        if (not compression.plain_groups or "none" not in compression.codec_choices
-                or compression.compressor.name == "none"):
+        name = compression.compressor.name
+        plain = [c for c in self.plain_codecs if c in compression.codec_choices and c != name]
+        if not compression.plain_groups or not plain:
             return None
-        return (compression.compressor.name, "none")
+        return (name,) + tuple(plain)
 
     def apply_layout(self, layout):
         """Sets the MergeComp to train with ``layout`` from the next trace on:
