@@ -230,3 +230,28 @@ def test_bad_plain_codecs_are_refused(plain_codecs):
 
     with pytest.raises(ValueError, match="plain_codecs must be"):
         PartitionSearchDriver(MergeComp("topk"), plain_codecs=plain_codecs)
+
+
+def test_state_restored_from_a_checkpoint_goes_out_with_the_next_plain_step(tmp_path):
+    """The state is per tensor whatever the groups' codecs: a checkpoint taken while
+    compressed restores into an engine that now sends the group plain, and the
+    restored residual goes out with that engine's first plain step."""
+    world = FakeWorld(2)
+    engines = [MergeComp("topk", ratio=0.2) for _ in range(2)]
+    for step in range(2):
+        reduce_step(engines, world, step, "topk")
+    paths = [tf.train.Checkpoint(mergecomp=engines[r]).save(str(tmp_path / ("rank%d" % r)))
+             for r in range(2)]
+    saved = [[v.numpy().copy() for v in engines[r].state_variables()] for r in range(2)]
+    reduce_step(engines, world, 2, "none")  # flushes
+    assert all(not np.any(v) for r in range(2) for v in engines[r].state_variables())
+    for r in range(2):
+        tf.train.Checkpoint(mergecomp=engines[r]).restore(paths[r]).assert_consumed()
+        for a, b in zip(engines[r].state_variables(), saved[r]):
+            np.testing.assert_array_equal(a.numpy(), b)
+    result = reduce_step(engines, world, 3, "none")
+    expected = [np.mean([grads_for(r, 3)[i].numpy() + pending_of(engines[r], saved[r])[i]
+                         for r in range(2)], axis=0) for i in range(len(SHAPES))]
+    for out, want in zip(result[0][0], expected):
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert all(not np.any(v) for v in result[0][3])
