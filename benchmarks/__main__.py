@@ -109,8 +109,9 @@ def build_parser():
     clus.add_argument("--workers", type=_csv(int), default=[2, 4])
     clus.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
     clus.add_argument("--models", type=_csv(str), default=list(models.DEFAULT_MODELS),
-                      help="default %s; valid: %s" % (",".join(models.DEFAULT_MODELS),
-                                                      ",".join(models.MODELS)))
+                      help="default %s; valid: %s, or any keras.applications model by name "
+                           "(MobileNetV2, DenseNet121, ...; 32x32x3, 10 classes, no weights)"
+                           % (",".join(models.DEFAULT_MODELS), ",".join(models.MODELS)))
     clus.add_argument("--algorithms", type=_algorithms, default=list(cluster.DEFAULT_ALGORITHMS))
     clus.add_argument("--steps", type=int, default=10, help="measured steps per config")
     clus.add_argument("--warmup-steps", type=int, default=5,

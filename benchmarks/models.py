@@ -64,8 +64,13 @@ def _custom_model(name):
         module, _, function = name.partition(":")
         model = getattr(importlib.import_module(module), function)()
     else:
-        model = getattr(keras.applications, name)(
-            weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES)
+        import inspect
+
+        build = getattr(keras.applications, name)
+        options = dict(weights=None, input_shape=IMAGE_SHAPE, classes=NUM_CLASSES)
+        if "classifier_activation" in inspect.signature(build).parameters:
+            options["classifier_activation"] = None  # logits, as the built-in models give
+        model = build(**options)
     if not isinstance(model, keras.Model):
         raise ValueError("%s returned %r, not a Keras model" % (name, type(model).__name__))
     if len(model.inputs) != 1 or len(model.outputs) != 1:

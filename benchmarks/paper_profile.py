@@ -211,13 +211,24 @@ def build(batch_size=32):
     }
 
 
+def _layout_words(layout, group_codecs):
+    if isinstance(layout, str):
+        return layout
+    words = "%d groups" % (len(layout) + 1)
+    if group_codecs:
+        words += " (%d plain)" % sum(1 for c in group_codecs if c == "none")
+    return words
+
+
 def comparison_table(result):
     from benchmarks import report
 
     rows = [[r["codec"], "%d -> %d" % (r["paper_layerwise"], r["paper_mergecomp"]),
              "%+d" % r["paper_gain"],
              "%.0f -> %.0f" % (r["sim_layerwise"], r["sim_mergecomp"]), "%+.0f" % r["sim_gain"],
-             str(r["sim_groups"]), "%+.0f" % r["gap_layerwise"], "%+.0f" % r["gap_mergecomp"]]
+             str(r["sim_groups"]), "%+.0f" % r["gap_layerwise"], "%+.0f" % r["gap_mergecomp"],
+             "-" if r.get("sim_per_group") is None else "%.0f (%s)" % (
+                 r["sim_per_group"], r["sim_per_group_layout"])]
             for r in sorted(result["rows"], key=lambda r: -r["paper_gain"])]
     rho = {column: "-" if result[column + "_rank_correlation"] is None
            else "%.2f" % result[column + "_rank_correlation"]
@@ -226,7 +237,8 @@ def comparison_table(result):
            "paper (Spearman): gains %s, layer-wise %s, MergeComp %s." % (
                report.markdown_table(["codec", "paper %", "paper gain", "simulated %",
                                       "simulated gain", "searched groups",
-                                      "gap layer-wise (points)", "gap MergeComp (points)"], rows),
+                                      "gap layer-wise (points)", "gap MergeComp (points)",
+                                      "simulated % per-group codecs"], rows),
                PAPER_PCIE_FP32, result["fp32"], rho["gain"], rho["layerwise"], rho["mergecomp"])
 
 
@@ -329,17 +341,23 @@ def compare_with_paper(profile, bandwidth_bytes_per_s, latency_s, figures=None, 
     simulation = Simulation(profile, overlap=overlap)
     network = NetworkCosts(2, bandwidth_bytes_per_s, latency_s)
     local = simulation.local_step
+    fp32_s = simulation.horovod("fp32", network)[1]
     rows = []
     for codec, (paper_lw, paper_mc) in figures.items():
-        results, _ = simulation.codec_configs(codec, network)
+        results, _ = simulation.codec_configs(codec, network, plain_horovod_s=fp32_s)
         sim_lw = 100 * local / results["layer-wise"][1]
         sim_mc = 100 * local / results["searched"][1]
+        per_group = results.get("searched per-group")
         rows.append({"codec": codec, "paper_layerwise": paper_lw, "paper_mergecomp": paper_mc,
                      "paper_gain": paper_mc - paper_lw, "sim_layerwise": sim_lw,
                      "sim_mergecomp": sim_mc, "sim_gain": sim_mc - sim_lw,
                      "sim_groups": len(results["searched"][0]) + 1,
+                     # the search with per-group codecs and the plain-Horovod sentinel
+                     "sim_per_group": None if per_group is None else 100 * local / per_group[1],
+                     "sim_per_group_layout": None if per_group is None else _layout_words(
+                         per_group[0], per_group[2]),
                      "gap_layerwise": sim_lw - paper_lw, "gap_mergecomp": sim_mc - paper_mc})
-    fp32 = 100 * local / simulation.horovod("fp32", network)[1]
+    fp32 = 100 * local / fp32_s
     result = {"rows": rows, "fp32": fp32}
     for column in ("gain", "layerwise", "mergecomp"):
         result["%s_rank_correlation" % column] = spearman(

@@ -86,7 +86,7 @@ def worker_main(spec_path):
     keras.utils.set_random_seed(1234)
     model = models.build_model(spec["model"])
     features, labels = next(iter(models.synthetic_dataset(spec["model"], spec["batch_size"],
-                                                          seed=hvd.rank())))
+                                                          seed=hvd.rank(), model=model)))
     hvd.broadcast_variables(model.variables, root_rank=0)
     optimizer = keras.optimizers.SGD(learning_rate=0.001)
     compression = MergeComp(spec["algorithm"], partitions=1)

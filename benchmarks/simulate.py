@@ -20,7 +20,12 @@ reads W rows), then the optimizer update (the profile's tail). Configs:
   ``searched`` (the project's search core, ``search.run_search``, unchanged,
   answering its profile, probes and confirm rounds from the model, as a real
   run would measure them) and ``best <= 3`` (the model's exhaustive optimum of
-  1, 2 or 3 groups, ``step_model.exhaustive_best``).
+  1, 2 or 3 groups, ``step_model.exhaustive_best``);
+- per codec, ``searched per-group``: the search with per-group codecs (each
+  group the codec or ``none``, the profile's plain fp32 allreduce; a mixed
+  layout is timed with each group's own costs) and the plain-Horovod
+  sentinel (timed as ``horovod fp32``), as ``MergeComp(plain_groups=True)``
+  searches.
 
 Scaling factor = 1-worker step (the profile's local step, no communication)
 / W-worker step; "speed-up" = layer-wise step / searched step.
@@ -48,7 +53,8 @@ SEARCH_MAX_GROUPS = 4
 # Rounds of (fusion layout, tick phase) for Horovod's per-tensor configs.
 FUSION_ROUNDS = 4
 HOROVOD_CONFIGS = ("horovod fp32", "horovod fp16")
-MODES = ("layer-wise", "one group", "searched", "best <= 3")
+MODES = ("layer-wise", "one group", "searched", "best <= 3", "searched per-group")
+PLAIN_CODEC = "none"
 
 _PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
@@ -243,8 +249,10 @@ class Simulation:
             phase = model.cycle_phase(layout)
         return layout, model.step_time(layout)
 
-    def codec_configs(self, name, network, search=True):
-        """{mode: (layout, seconds)} and the search's account for one codec."""
+    def codec_configs(self, name, network, search=True, plain_horovod_s=None):
+        """{mode: (layout, seconds)} and the search's account for one codec;
+        with ``plain_horovod_s`` (plain Horovod's step) also the per-group search,
+        whose (layout, seconds, group codecs) is in mode ``searched per-group``."""
         costs = self.codec_costs(name, network)
         model = self.model(costs, name, network)
         n = self.num_tensors
@@ -261,7 +269,46 @@ class Simulation:
         if search:
             layout, account = self._search(model, costs)
             results["searched"] = (layout, model.step_time(layout))
+        if search and plain_horovod_s is not None and PLAIN_CODEC in self.codecs:
+            results["searched per-group"] = self._search_per_group(
+                name, network, model, costs, plain_horovod_s)
         return results, account
+
+    def _search_per_group(self, name, network, model, costs, plain_horovod_s):
+        """(layout, seconds, group codecs or None) of the search with per-group
+        codecs ({name, none}) and the plain-Horovod sentinel, answered from the
+        model; layout is ``PLAIN_HOROVOD`` when that is chosen."""
+        costs_by_codec = [costs, self.codec_costs(PLAIN_CODEC, network)]
+        codecs = (name, PLAIN_CODEC)
+        ready, cycle = self.ready, self.cycle_s
+
+        def step_time(layout, group_codecs):
+            if layout == search_core.PLAIN_HOROVOD:
+                return plain_horovod_s
+            if group_codecs is None:
+                return model.step_time(tuple(layout))
+            assignment = np.array([[codecs.index(c) for c in group_codecs]])
+            mixed = self.model(step_model.AssignedCodecCosts(costs_by_codec, assignment),
+                               name, network)
+            return mixed.step_time(tuple(layout))
+
+        def profile(splits):
+            return search_core.ProfileResult(model.step_time(tuple(splits)), ready)
+
+        def probe(splits, codec):
+            bounds = np.asarray((0,) + tuple(splits) + (self.num_tensors,))
+            parts = costs_by_codec[codecs.index(codec)](bounds[:-1], bounds[1:])
+            encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
+                                                          (len(bounds) - 1,)) for p in parts)
+            return np.stack([encode, collective + cycle, decode], axis=1)
+
+        result = search_core.run_search(
+            self.sizes.tolist(), profile, probe, step_time, max_groups=SEARCH_MAX_GROUPS,
+            codec_on_compute=self.codec_on_compute,
+            decodes_after_backprop=self.decodes_after_backprop, codecs=codecs,
+            plain_horovod=True)
+        return (result.splits, step_time(result.splits, result.group_codecs),
+                result.group_codecs)
 
     def _search(self, model, costs):
         """The search core, unchanged, answered from the model: the profile is the
@@ -301,12 +348,21 @@ class Simulation:
             layout, seconds = self.horovod(which, network)
             rows[label] = {"step_s": seconds, "groups": len(layout) + 1, "splits": list(layout)}
         for name in codecs:
-            results, account = self.codec_configs(name, network)
-            for mode, (layout, seconds) in results.items():
+            results, account = self.codec_configs(
+                name, network, plain_horovod_s=rows["horovod fp32"]["step_s"])
+            for mode, (layout, seconds, *group_codecs) in results.items():
+                if layout == search_core.PLAIN_HOROVOD:
+                    rows["%s %s" % (name, mode)] = {"step_s": seconds, "groups": None,
+                                                   "splits": None, "plain_horovod": True}
+                    continue
                 # layer-wise's N - 1 cuts are implied by its group count
                 rows["%s %s" % (name, mode)] = {
                     "step_s": seconds, "groups": len(layout) + 1,
                     "splits": None if len(layout) + 1 == self.num_tensors else list(layout)}
+                if group_codecs:
+                    rows["%s %s" % (name, mode)].update(
+                        plain_horovod=False,
+                        group_codecs=None if group_codecs[0] is None else list(group_codecs[0]))
             rows["%s searched" % name]["search"] = account
         for row in rows.values():
             row["scaling_factor"] = self.local_step / row["step_s"]
@@ -394,6 +450,18 @@ def table(result):
             + ["%d workers" % c["workers"] for c in cells], summary))
     lines.append("\nLayer-wise -> searched scaling factor (speed-up), fewest and most workers:\n")
     lines.append(gains_table(result))
+    if any("%s searched per-group" % codec in result["cells"][0]["rows"]
+           for codec in result["codecs"]):
+        lines.append("\nPer-group codecs (searched per-group) against Horovod fp32, fp16 and "
+                     "the single-codec search: step ms, and its ratio to the best of those "
+                     "three:\n")
+        lines.append(per_group_table(result))
+        verdict = per_group_verdict(result)
+        lines.append("\nSearched per-group within 1%% of the best of Horovod fp32, Horovod fp16 "
+                     "and the single-codec search in %d of %d (cell, codec) pairs; worst ratio "
+                     "%.3f; faster than the single-codec search in %d, slower in %d."
+                     % (verdict["within_1pct"], verdict["count"], verdict["worst"],
+                        verdict["faster_than_search"], verdict["slower_than_search"]))
     best = search_vs_best(result)
     lines.append("\nSearch vs exhaustive best of <= %d groups over %d (cell, codec) pairs: "
                  "median %.3f, worst %.3f, best %.3f; %d within 1%%, %d better (4 groups)."
@@ -429,6 +497,61 @@ def gains_table(result, workers=None):
                     report.fmt(speedup(rows, codec), 3)))
         body.append(row)
     return report.markdown_table(headings, body)
+
+
+def _per_group_text(row, n):
+    if row.get("plain_horovod"):
+        return "plain Horovod"
+    text = _layout_text(row, n)
+    codecs = row.get("group_codecs")
+    if codecs:
+        plain = sum(1 for c in codecs if c == PLAIN_CODEC)
+        text += " (%d of %d plain)" % (plain, len(codecs))
+    return text
+
+
+def per_group_table(result):
+    """Per (bandwidth, workers) and codec: the per-group search's step and layout
+    beside Horovod fp32/fp16 and the single-codec search."""
+    body = []
+    for cell in result["cells"]:
+        rows = cell["rows"]
+        n = None
+        for codec in result["codecs"]:
+            per_group = rows.get("%s searched per-group" % codec)
+            if per_group is None:
+                continue
+            n = rows["%s layer-wise" % codec]["groups"]
+            searched = rows["%s searched" % codec]["step_s"]
+            best = min(rows["horovod fp32"]["step_s"], rows["horovod fp16"]["step_s"], searched)
+            body.append(["%s, %d w" % (cell["bandwidth"], cell["workers"]), codec,
+                         report.fmt(1e3 * rows["horovod fp32"]["step_s"]),
+                         report.fmt(1e3 * rows["horovod fp16"]["step_s"]),
+                         report.fmt(1e3 * searched),
+                         report.fmt(1e3 * per_group["step_s"]),
+                         _per_group_text(per_group, n),
+                         report.fmt(per_group["step_s"] / best, 3)])
+    return report.markdown_table(
+        ["cell", "codec", "horovod fp32 ms", "horovod fp16 ms", "searched ms",
+         "per-group ms", "per-group layout", "per-group / best"], body)
+
+
+def per_group_verdict(result):
+    ratios, faster, slower = [], 0, 0
+    for cell in result["cells"]:
+        rows = cell["rows"]
+        for codec in result["codecs"]:
+            per_group = rows.get("%s searched per-group" % codec)
+            if per_group is None:
+                continue
+            searched = rows["%s searched" % codec]["step_s"]
+            best = min(rows["horovod fp32"]["step_s"], rows["horovod fp16"]["step_s"], searched)
+            ratios.append(per_group["step_s"] / best)
+            faster += per_group["step_s"] < searched * (1 - 1e-9)
+            slower += per_group["step_s"] > searched * (1 + 1e-9)
+    return {"count": len(ratios), "within_1pct": sum(r <= 1.01 for r in ratios),
+            "worst": max(ratios) if ratios else float("nan"),
+            "faster_than_search": faster, "slower_than_search": slower}
 
 
 def search_vs_best(result):

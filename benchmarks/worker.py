@@ -549,7 +549,8 @@ def main(argv=None):
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(1234)
     reference = models.build_model(spec["model"])
-    dataset = models.synthetic_dataset(spec["model"], spec["batch_size"], seed=rank)
+    dataset = models.synthetic_dataset(spec["model"], spec["batch_size"], seed=rank,
+                                       model=reference)
     # One broadcast so every rank starts from the same weights, as in training.
     hvd_tf.broadcast_variables(reference.variables, root_rank=0)
     output = {

@@ -720,3 +720,16 @@ def test_an_algorithms_configs_train_one_model_each_in_its_partition(tmp_path):
     assert len(set(per_group.values())) == 1 and min(per_group.values()) > 0, per_group
     for result in results.values():
         assert len(result["step_times_s"]) == spec["rounds"] * spec["steps_per_round"]
+
+
+def test_cluster_takes_any_keras_applications_model_by_name():
+    args = build_parser().parse_args(["cluster", "--models", "MobileNetV2,transformer"])
+    assert cluster.check_args(args).models == ["MobileNetV2", "transformer"]
+    model = models.build_model("MobileNetV2")
+    assert model.name.startswith("mobilenetv2") and model.outputs[0].shape[-1] == models.NUM_CLASSES
+    features, labels = next(iter(models.synthetic_dataset("MobileNetV2", 4, seed=1, model=model)))
+    assert features.shape == (4,) + tuple(models.IMAGE_SHAPE) and labels.shape == (4,)
+    # logits, as the built-in models give (the cluster's loss takes logits)
+    assert model.layers[-1].activation.__name__ == "linear"
+    with pytest.raises(ValueError, match="keras.applications model"):
+        cluster.check_args(build_parser().parse_args(["cluster", "--models", "NoSuchNet"]))

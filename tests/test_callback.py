@@ -22,12 +22,23 @@ ROUNDS = 3
 RESOLVE_ROUNDS = 2
 
 
+PLAIN_HOROVOD = "plain Horovod"
+
+
+def _key(layout):
+    return layout if isinstance(layout, str) else tuple(layout)
+
+
 def _check_ranks_agree_and_train(r0, r1):
-    assert r0["splits"] == r1["splits"]
+    assert r0["splits"] == r1["splits"] and r0["group_codecs"] == r1["group_codecs"]
+    assert r0["steps_aside"] == r1["steps_aside"]
     assert r0["candidates"] == r1["candidates"]  # same candidates, same averaged times
     assert r0["checksum"] == r1["checksum"]  # identical weights
     assert r0["done"] and r1["done"]
     assert r0["losses"][-1] < 0.9 * r0["losses"][0], r0["losses"]
+    if r0["steps_aside"]:  # plain Horovod chosen: Horovod's collectives, not MergeComp's
+        assert r0["final_collectives_per_step"] == 0 and r0["groups"] is None
+        return r0
     groups = len(r0["splits"]) + 1
     assert r0["groups"] == groups
     assert r0["final_collectives_per_step"] == groups * r0["collectives_per_group"]
@@ -36,17 +47,21 @@ def _check_ranks_agree_and_train(r0, r1):
 
 def _check_search(r):
     n = r["tensors"]
-    candidates = {tuple(splits): (rounds, collectives, groups, role)
-                  for splits, rounds, collectives, groups, role in r["candidates"]}
-    # Both sentinels and the finalists, each timed in every round it took part in.
-    assert () in candidates and tuple(range(1, n)) in candidates
+    candidates = {_key(splits): (rounds, collectives, groups, role)
+                  for splits, rounds, collectives, groups, role, _ in r["candidates"]}
+    # The three sentinels and the finalists, each timed in every round it took part in.
+    assert () in candidates and tuple(range(1, n)) in candidates and PLAIN_HOROVOD in candidates
     assert candidates[()][3] == "one group" and candidates[tuple(range(1, n))][3] == "layer-wise"
-    assert 3 <= len(candidates) <= 2 + FINALISTS
-    leader, extra = tuple(r["leader"]), r["extra_rounds"]
+    assert candidates[PLAIN_HOROVOD][3] == "plain Horovod"
+    assert 4 <= len(candidates) <= 3 + FINALISTS
+    leader, extra = _key(r["leader"]), r["extra_rounds"]
     assert 0 <= extra <= RESOLVE_ROUNDS and (extra == 0 or leader != ())
     for splits, (rounds, collectives, groups, _) in candidates.items():
-        assert groups == len(splits) + 1
-        assert collectives == groups * r["collectives_per_group"]
+        if splits == PLAIN_HOROVOD:
+            assert groups is None and collectives == 0
+        else:
+            assert groups == len(splits) + 1
+            assert collectives == groups * r["collectives_per_group"]
         # Only the leader and one group are timed in the extra rounds.
         most = ROUNDS + (extra if splits in (leader, ()) else 0)
         assert 1 <= len(rounds) <= most and all(s > 0 for s in rounds)
@@ -62,7 +77,7 @@ def _check_search(r):
     assert ratios[leader] <= min(1.0, ratios[tuple(range(1, n))])
     # The leader replaces one group only if its gain over all its rounds exceeds two
     # standard errors of the mean log ratio.
-    choice = tuple(r["choice"])
+    choice = _key(r["choice"])
     if leader == ():
         assert choice == ()
     else:
@@ -71,7 +86,7 @@ def _check_search(r):
         assert choice == (leader if resolved else ())
     # What it cost: one trace per candidate (the profile's trains one group).
     assert r["cost"]["traces"] == len(candidates)
-    assert r["cost"]["steps"] <= 100 + RESOLVE_ROUNDS * 2 * (1 + 2)
+    assert r["cost"]["steps"] <= 111 + RESOLVE_ROUNDS * 2 * (1 + 2)
     assert r["cost"]["seconds"] > 0
     # Horovod restarted before every turn of a candidate (the untimed one each
     # trains before the rounds, then the timed ones) and once more for the
@@ -96,12 +111,15 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     assert saved["compression"]["compressor"] == CODEC
     assert saved["settings"]["resolve_rounds"] == RESOLVE_ROUNDS
     assert saved["settings"]["standard_errors"] == 2.0
-    assert saved["cost"]["traces"] <= 2 + FINALISTS
+    assert saved["cost"]["traces"] <= 3 + FINALISTS
 
     assert second["candidates"] == []
     assert second["cost"]["steps"] == 1  # only the first (tracing) step
     # That step's trace (one group), and the saved partition's unless it is one group.
     assert second["cost"]["traces"] == (1 if first["splits"] == [] else 2)
+    assert second["steps_aside"] == first["steps_aside"]
+    assert second["group_codecs"] == first["group_codecs"]
+    assert saved["plain_horovod"] == first["steps_aside"]
     assert second["loaded_from"] == str(path)
     assert second["cost"]["horovod_restarts"] == 1  # for the saved partition
     assert second["splits"] == first["splits"]
@@ -110,9 +128,10 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     assert "different model fingerprint" in third["reason"]
     _check_search(third)
     # The third fit's search replaced the file with its own result.
-    assert saved["partition"] == third["splits"]
-    assert [c["splits"] for c in saved["search"]["candidates"]] == [
-        c[0] for c in third["candidates"]]
+    assert saved["partition"] == (third["splits"] or [])
+    assert saved["plain_horovod"] == third["steps_aside"]
+    assert [PLAIN_HOROVOD if c["plain_horovod"] else c["splits"]
+            for c in saved["search"]["candidates"]] == [c[0] for c in third["candidates"]]
     assert (tmp_path / "partition.png").stat().st_size > 10_000
     search_lines = [line for line in output.splitlines() if "MergeComp search: " in line]
     assert search_lines and all(line.startswith("[0]") for line in search_lines)  # rank 0 logs
@@ -136,7 +155,7 @@ def test_custom_loop_partition_search(tmp_path):
     assert [step for step, _ in logged] == list(range(1, len(medians) + 1))
     assert [value for _, value in logged] == pytest.approx(medians, rel=1e-6)
     assert [g for _, g in scalars["mergecomp_search/candidate_groups"]] == [
-        c[3] for c in r["candidates"]]
+        c[3] for c in r["candidates"] if c[3] is not None]
     chosen = [c[0] for c in r["candidates"]].index(r["choice"])
     assert scalars["mergecomp_search/chosen_seconds"][-1][1] == pytest.approx(medians[chosen],
                                                                                rel=1e-6)

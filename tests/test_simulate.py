@@ -646,3 +646,27 @@ def test_profile_of_a_users_model_on_two_loopback_ranks_feeds_the_simulator(tmp_
         cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
     assert simulated.returncode == 0, simulated.stderr[-3000:]
     assert "efsignsgd" in (tmp_path / "sim" / "simulate.md").read_text()
+
+
+def test_the_per_group_search_is_never_slower_than_plain_horovod_or_its_sentinels(tmp_path):
+    """Per cell and codec, the per-group search (codec or none per group, plain
+    Horovod as a sentinel) is reported beside Horovod fp32/fp16 and the
+    single-codec search, and confirms no slower than plain Horovod, one group or
+    layer-wise; on a fast link plain Horovod or plain groups win."""
+    from benchmarks import simulate as simulate_bench
+
+    profile = tiny_profile()
+    result = simulate_bench.simulate(profile, [2, 64], ["1gbit", "100gbit"], log=lambda *_: None)
+    kinds = set()
+    for cell in result["cells"]:
+        rows = cell["rows"]
+        for codec in result["codecs"]:
+            per_group = rows["%s searched per-group" % codec]
+            sentinels = min(rows["horovod fp32"]["step_s"], rows["%s one group" % codec]["step_s"],
+                            rows["%s layer-wise" % codec]["step_s"])
+            assert per_group["step_s"] <= sentinels * (1 + 1e-9), (cell["bandwidth"], codec)
+            kinds.add("plain Horovod" if per_group.get("plain_horovod") else
+                      "mixed" if per_group.get("group_codecs") else "compressor")
+    assert "plain Horovod" in kinds or "mixed" in kinds
+    text = simulate_bench.table(result)
+    assert "per-group / best" in text and "Searched per-group within 1%" in text

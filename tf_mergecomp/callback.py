@@ -56,7 +56,7 @@ class MergeCompCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self.search.train_functions is None:
-            self.search.train_functions = KerasTrainFunctions(self.model, self.compression)
+            self.search.train_functions = KerasTrainFunctions(self.model, self.search)
         self.search.check_save_path()
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -78,16 +78,17 @@ class KerasTrainFunctions:
     """Keras: one train function per layout, swapped into ``model.train_function``
     (``fit`` looks it up at every step)."""
 
-    def __init__(self, model, compression):
+    def __init__(self, model, driver):
         self.model = model
-        self.compression = compression
+        self.driver = driver
+        self.compression = driver.compression
         self.functions = {}
         self._tracings = 0
 
     def use(self, layout, fresh=False):
         """Makes ``model`` train with ``layout`` from its next step; True when
         that needs a new train function (a trace)."""
-        self.compression.set_partition(list(layout) if layout else 1)
+        self.driver.apply_layout(layout)
         if layout in self.functions and not fresh:
             self.model.train_function = self.functions[layout]
             return False

@@ -92,6 +92,15 @@ def _check_arguments(compression, sparse_as_dense, gradient_predivide_factor, gr
     del compression, sparse_as_dense
 
 
+def _plain_horovod_reduce_fn(original, arguments):
+    """Horovod's own reduce function for these arguments, without compression:
+    what runs while a MergeComp steps aside for plain Horovod."""
+    import horovod.tensorflow as hvd_tf
+
+    plain = dict(arguments.arguments, compression=hvd_tf.Compression.none)
+    return original(**plain)
+
+
 def install():
     """Installs the hook once; returns True if it was installed by this call."""
     import horovod
@@ -116,8 +125,9 @@ def install():
         get = arguments.arguments.get
         _check_arguments(compression, get("sparse_as_dense", False),
                          get("gradient_predivide_factor", 1.0), get("groups"))
-        return compression.make_reduce_fn(op=get("op"), process_set=get("process_set"),
-                                          device_dense=get("device_dense", ""))
+        return compression.make_reduce_fn(
+            op=get("op"), process_set=get("process_set"), device_dense=get("device_dense", ""),
+            plain_horovod=functools.partial(_plain_horovod_reduce_fn, original, arguments))
 
     setattr(make_allreduce_grads_fn, _INSTALLED_MARK, original)
     hvd_tf._make_allreduce_grads_fn = make_allreduce_grads_fn

@@ -53,6 +53,7 @@ from tf_mergecomp import _ops
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
+from tf_mergecomp import plain_groups
 from tf_mergecomp import memory as memories
 from tf_mergecomp import reference
 from tf_mergecomp.communication import HorovodCommunicator
@@ -71,6 +72,10 @@ _TENSOR_LIMIT = 1 << (_STEP_SHIFT - _TENSOR_SHIFT)
 _WORKER_LIMIT = (1 << _TENSOR_SHIFT) - 1
 _STEP_LIMIT = 1 << (_USER_SEED_SHIFT - _STEP_SHIFT)
 NONFINITE_CHOICES = ("propagate", "raise")
+# Codecs a group may use instead of the user's when ``plain_groups`` is on:
+# ``none`` (a plain float32 allreduce, exact) and ``fp16`` (half the bytes).
+# Neither keeps error-feedback state (tf_mergecomp/plain_groups.py).
+PLAIN_CODECS = plain_groups.PLAIN_CODECS
 
 
 class _Layout:
@@ -108,11 +113,18 @@ class MergeComp(tf.Module):
         step, stay exactly as they were on the rank that held it.
         ``"raise"``: the same, then every rank raises ``InvalidArgumentError``
         naming the tensors, after the step's collectives (so no rank waits).
+      plain_groups: True (default): a group may be sent plain instead of
+        compressed (``none``: a float32 allreduce, exact; or ``fp16``), as the
+        partition search decides per group (``set_partition(..., group_codecs=)``).
+        A group that switches to plain sends its error-feedback residual (DGC:
+        its accumulation and momentum) with its first plain step; one that
+        switches back starts from a zero state. False: every group uses the
+        compressor (the behaviour before per-group codecs).
       **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
     """
 
     def __init__(self, compressor, memory=None, partitions=None, seed=0, nonfinite="propagate",
-                 name="mergecomp", **compressor_params):
+                 plain_groups=True, name="mergecomp", **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
         self.memory = _resolve_memory(self.compressor, memory, compressor_params)
@@ -131,8 +143,16 @@ class MergeComp(tf.Module):
             raise ValueError("nonfinite must be one of %s, got %r"
                              % (", ".join(NONFINITE_CHOICES), nonfinite))
         self.nonfinite = nonfinite
+        if not isinstance(plain_groups, bool):
+            raise ValueError("plain_groups must be True or False, got %r" % (plain_groups,))
+        self.plain_groups = plain_groups
+        self._plain_codecs = {name: compressors.get(name) for name in PLAIN_CODECS
+                              if name != self.compressor.name}
         self._partition_spec = grouping.check_partition_spec(partitions)
         self._splits = None
+        self._group_codecs_spec = None
+        self._group_codecs = None
+        self._steps_aside = False
         self.partition_version = 0
         self._layout = None
         self._state = None
@@ -191,20 +211,63 @@ class MergeComp(tf.Module):
         splits = self.splits
         return None if splits is None else len(splits) + 1
 
-    def set_partition(self, partitions):
+    @property
+    def codec_choices(self):
+        """The codecs a group may use: the compressor's name first, then the
+        plain ones when ``plain_groups`` is on."""
+        if not self.plain_groups:
+            return (self.compressor.name,)
+        return (self.compressor.name,) + tuple(self._plain_codecs)
+
+    @property
+    def group_codecs(self):
+        """The codec name of each group (a tuple, one per group), None before
+        the first trace."""
+        if self._group_codecs is None and self.splits is not None:
+            self._group_codecs = plain_groups.resolve_group_codecs(
+                self._group_codecs_spec, len(self.splits) + 1, self.codec_choices)
+        return self._group_codecs
+
+    def set_partition(self, partitions, group_codecs=None):
         """Sets the grouping used from the next trace of the reduce function on.
+
+        ``group_codecs``: one codec name per group, each one of
+        ``codec_choices`` (the compressor, or ``"none"``/``"fp16"`` when
+        ``plain_groups`` is on); None: the compressor for every group.
 
         Keras: call ``model.make_train_function(force=True)`` after it (the
         partition search callback does). Custom loops: re-create the
         ``tf.function`` of the train step (``PartitionSearchDriver.function`` does).
         """
         spec = grouping.check_partition_spec(partitions)
+        codecs_spec = plain_groups.check_group_codecs_spec(group_codecs, self.codec_choices)
         if self._layout is not None:
             splits = grouping.resolve_splits(spec, self._layout.sizes)
+            codecs = plain_groups.resolve_group_codecs(codecs_spec, len(splits) + 1,
+                                                       self.codec_choices)
         else:
-            splits = None
+            splits = codecs = None
         self._partition_spec = spec
+        self._group_codecs_spec = codecs_spec
         self._splits = splits
+        self._group_codecs = codecs
+        self._steps_aside = False
+        self.partition_version += 1
+        self._eager_reduce = None
+
+    @property
+    def steps_aside(self):
+        """Whether MergeComp steps aside for plain Horovod (``set_plain_horovod``)."""
+        return self._steps_aside
+
+    def set_plain_horovod(self):
+        """From the next trace on, the gradients are reduced by plain Horovod:
+        Horovod's own reduce function without compression (its tensor fusion,
+        ``compression=hvd.Compression.none``). What the memory had not sent
+        goes out with the first step; ``set_partition`` brings MergeComp back,
+        its state from zero. Needs the Horovod hook (importing tf_mergecomp
+        installs it), which hands MergeComp plain Horovod's reduce function."""
+        self._steps_aside = True
         self.partition_version += 1
         self._eager_reduce = None
 
@@ -215,6 +278,9 @@ class MergeComp(tf.Module):
             "memory": self.memory.name,
             "memory_params": self.memory.params,
             "splits": None if self.splits is None else list(self.splits),
+            "plain_groups": self.plain_groups,
+            "group_codecs": None if self.group_codecs is None else list(self.group_codecs),
+            "plain_horovod": self._steps_aside,
         }
 
     def model_fingerprint(self):
@@ -236,8 +302,12 @@ class MergeComp(tf.Module):
 
     # ---- the reduce function Horovod calls ------------------------------------------
 
-    def make_reduce_fn(self, op=None, process_set=None, device_dense=""):
-        """Returns Horovod's ``allreduce_grads(grads, vars=None, use_generic_names=False)``."""
+    def make_reduce_fn(self, op=None, process_set=None, device_dense="", plain_horovod=None):
+        """Returns Horovod's ``allreduce_grads(grads, vars=None, use_generic_names=False)``.
+
+        ``plain_horovod``: a callable returning Horovod's own reduce function
+        without compression (tf_mergecomp/horovod_hook.py passes it), used
+        while MergeComp steps aside (``set_plain_horovod``)."""
         import horovod.tensorflow as hvd
 
         op = hvd.Average if op is None else op
@@ -257,6 +327,14 @@ class MergeComp(tf.Module):
             # Groups are formed from the gradients alone, and their collectives
             # are named by group, identically on every rank. The variables'
             # names only label non-finite gradients in errors.
+            if self._steps_aside:
+                if plain_horovod is None:
+                    raise RuntimeError(
+                        "MergeComp was set to step aside for plain Horovod, but this reduce "
+                        "function was not made by the Horovod hook (import tf_mergecomp before "
+                        "building the DistributedOptimizer or DistributedGradientTape)")
+                return self._reduce_plain_horovod(list(grads), vars, use_generic_names,
+                                                  plain_horovod(), process_set)
             del use_generic_names
             grads = list(grads)
             names = _tensor_names(grads, vars)
@@ -276,6 +354,37 @@ class MergeComp(tf.Module):
 
         return allreduce_grads
 
+    def _reduce_plain_horovod(self, grads, variables, use_generic_names, plain_reduce,
+                              process_set):
+        """Plain Horovod's reduction of ``grads``, after MergeComp sends what its
+        memory holds unsent with them (and clears it): stepping aside loses no
+        error-feedback state."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        order = present[::-1]
+        if not order:
+            return plain_reduce(grads, variables, use_generic_names)
+        dense = [_densify(grads[i]) for i in order]
+        self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
+        communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
+        description = dict(self._layout.describe(), world_size=communicator.size,
+                           seed=self.seed, nonfinite=self.nonfinite, **self.describe())
+        guards = []
+        if description != self._agreed_description:
+            guards = consistency.check_ranks_agree(description, communicator.process_set)
+            if not guards:
+                self._agreed_description = description
+        state = self.state_variables()
+        self.rank_state.reconcile_if_needed(communicator)
+        with tf.control_dependencies(guards):
+            flush = plain_groups.StateFlush(self.memory, state, dense)
+            sent = flush.gradients_to_send()
+        full = list(grads)
+        for position, i in enumerate(order):
+            full[i] = sent[position]
+        reduced = plain_reduce(full, variables, use_generic_names)
+        with tf.control_dependencies(flush.clear_sent_state()):
+            return [None if r is None else tf.identity(r) for r in reduced]
+
     def _reduce(self, grads, communicator, scale_by_size, names):
         present = [i for i, g in enumerate(grads) if g is not None]
         # Gradients of the last layers are ready first: reverse the list.
@@ -284,7 +393,7 @@ class MergeComp(tf.Module):
             return list(grads)
         dense = [_densify(grads[i]) for i in order]
         self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
-        splits = self.splits
+        splits, group_codecs = self.splits, self.group_codecs
         _check_seed_layout(len(order), communicator.size)
         description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
                            nonfinite=self.nonfinite, **self.describe())
@@ -316,7 +425,8 @@ class MergeComp(tf.Module):
                         group, group_communicator = self.step_recorder.group_inputs(
                             index, start, group, communicator)
                     outputs, flags = self._reduce_group(
-                        index, start, group, state[start:end], step, group_communicator)
+                        index, start, group, state[start:end], step, group_communicator,
+                        group_codecs[index])
                     if self.step_recorder is not None:
                         outputs = self.step_recorder.group_outputs(index, start, outputs)
                     if scale_by_size:
@@ -339,11 +449,12 @@ class MergeComp(tf.Module):
         constant = (start << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
         return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
 
-    def reduce_group(self, grads, communicator, step=0, start=0, index=0):
+    def reduce_group(self, grads, communicator, step=0, start=0, index=0, codec=None):
         """Reduces one group on its own: ``grads`` are gradient tensors
         ``start, start + 1, ...`` of the layout (``set_gradient_layout``), in
         backprop order, reduced with their state variables through
-        ``communicator`` (``tf_mergecomp.communication``) at ``step``.
+        ``communicator`` (``tf_mergecomp.communication``) at ``step``, with
+        ``codec`` (one of ``codec_choices``; None: the compressor).
 
         Returns the group's reduced gradients and an int32 vector, 1 for each
         tensor that some rank held non-finite (its output is then all NaN).
@@ -352,13 +463,20 @@ class MergeComp(tf.Module):
         ``make_reduce_fn``.
         """
         grads = list(grads)
+        codec = self.compressor.name if codec is None else codec
+        if codec not in self.codec_choices:
+            raise ValueError("codec must be one of %s, got %r"
+                             % (", ".join(self.codec_choices), codec))
         state = self.state_variables(self._state_device(grads))[start:start + len(grads)]
         step = tf.cast(step, tf.int64)
-        return self._reduce_group(index, start, grads, state, step, communicator)
+        return self._reduce_group(index, start, grads, state, step, communicator, codec)
 
-    def _reduce_group(self, index, start, grads, state_vars, step, communicator):
+    def _reduce_group(self, index, start, grads, state_vars, step, communicator, codec_name):
         seed = self._group_seed(step, start, communicator)
         key = (index, sum(self._layout.sizes[start:start + len(grads)]))
+        if codec_name != self.compressor.name:
+            return self._reduce_plain_group(grads, state_vars, seed, communicator,
+                                            key + (codec_name,), self._plain_codecs[codec_name])
         if self.compressor.reduces_own_groups:
             return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
                                                 key)
@@ -367,14 +485,36 @@ class MergeComp(tf.Module):
         return reference.reduce_group(self.compressor, self.memory, grads, state_vars, seed,
                                       communicator, key)
 
-    def _reduce_group_fused(self, grads, state_vars, seed, communicator, key):
-        codec = self.compressor
+    def _reduce_plain_group(self, grads, state_vars, seed, communicator, key, codec):
+        """A group sent with a plain codec (no error-feedback memory). The
+        memory's buffers of its tensors, what the compressor has not sent yet,
+        go out with the gradient and are then zero (tf_mergecomp/plain_groups.py)."""
+        flush = plain_groups.StateFlush(self.memory, state_vars, grads)
+        sent = flush.gradients_to_send()
+
+        def reduce_plainly(tensors):
+            # On the plain-TF path when the user's codec is (reference.plain).
+            if self.compressor.backend != reference.PLAIN_BACKEND:
+                return self._reduce_group_fused(tensors, [], seed, communicator, key,
+                                                codec=codec, memory=plain_groups.NO_MEMORY)
+            return reference.reduce_group(codec, plain_groups.NO_MEMORY, tensors, [], seed,
+                                          communicator, key)
+
+        outputs, nonfinite = reduce_plainly(sent)
+        with tf.control_dependencies(flush.clear_sent_state()):
+            outputs = [tf.identity(o) for o in outputs]
+        return outputs, nonfinite
+
+    def _reduce_group_fused(self, grads, state_vars, seed, communicator, key, codec=None,
+                            memory=None):
+        codec = self.compressor if codec is None else codec
+        memory = self.memory if memory is None else memory
         codec_attrs = dict(codec=codec.group_codec,
                            **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
         ops = _ops.load()
         payload, codec_context = ops.mergecomp_group_encode(
             grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
-            memory=self.memory.name, **self.memory.op_attrs(), **codec_attrs)
+            memory=memory.name, **memory.op_attrs(), **codec_attrs)
         if codec.collective == compressors.ALLREDUCE:
             collected, rows = communicator.allreduce_mean(payload, key), 1
         else:

@@ -103,17 +103,23 @@ def train_tape():
     return model, mc, search, losses
 
 
+def _layout(layout):
+    return layout if layout is None or isinstance(layout, str) else list(layout)
+
+
 def report_run(model, mc, search, losses):
     report(
-        splits=list(mc.splits), groups=mc.num_groups, done=search.done,
-        loaded_from=search.loaded_from, reason=search.reason_for_search,
-        candidates=[[r["splits"], r["rounds_s"], r["collectives_per_step"], r["groups"], r["role"]]
-                    for r in search.history],
+        splits=None if mc.steps_aside else list(mc.splits),
+        group_codecs=None if mc.steps_aside else list(mc.group_codecs),
+        steps_aside=mc.steps_aside, groups=None if mc.steps_aside else mc.num_groups,
+        done=search.done, loaded_from=search.loaded_from, reason=search.reason_for_search,
+        candidates=[[_layout(r["layout"]), r["rounds_s"], r["collectives_per_step"], r["groups"],
+                     r["role"], r["group_codecs"]] for r in search.history],
         final_collectives_per_step=search.final_collectives_per_step,
         collectives_per_group=mc.compressor.collectives_per_group(),
         cost=search.cost, steps_seen=search.steps_seen, plot_path=search.plot_path,
-        choice=None if search.algorithm is None else list(search.algorithm.choice),
-        leader=None if search.algorithm is None else list(search.algorithm.leader),
+        choice=None if search.algorithm is None else _layout(search.algorithm.choice),
+        leader=None if search.algorithm is None else _layout(search.algorithm.leader),
         extra_rounds=None if search.algorithm is None else search.algorithm.extra_rounds,
         losses=losses, checksum=weights_checksum(model), tensors=mc.num_tensors,
     )

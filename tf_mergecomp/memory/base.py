@@ -27,6 +27,13 @@ class Memory:
         """Returns the state after this worker sent ``sent``."""
         return state
 
+    def pending(self, state):
+        """What the state holds that was never sent (a flat buffer of the
+        group's length), sent with a group's first plain step
+        (tf_mergecomp/plain_groups.py); None when nothing is pending."""
+        del state
+        return None
+
     def __repr__(self):
         args = ", ".join("%s=%r" % kv for kv in sorted(self.params.items()))
         return "%s(%s)" % (type(self).__name__, args)

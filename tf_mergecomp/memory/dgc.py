@@ -43,3 +43,7 @@ class DGCMemory(Memory):
     def update(self, compensated, sent, state):
         kept = tf.cast(tf.equal(sent, 0.0), sent.dtype)
         return {"momentum": state["momentum"] * kept, "accumulation": compensated - sent}
+
+    def pending(self, state):
+        # compensate(g) = v + mu * u + g: sending it all is DGC with every entry selected.
+        return state["accumulation"] + self.momentum * state["momentum"]

@@ -22,3 +22,6 @@ class ResidualMemory(Memory):
 
     def update(self, compensated, sent, state):
         return dict(state, residual=compensated - sent)
+
+    def pending(self, state):
+        return state["residual"]

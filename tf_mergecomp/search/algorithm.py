@@ -69,7 +69,19 @@ training loop; ``run_search`` from plain functions (tests, simulations).
 
 Layouts: N tensors in backprop order; a layout is a sorted tuple of split
 indices in (0, N): ``()`` is one group, ``(1, ..., N - 1)`` layer-wise.
+
+Per-group codecs (``codecs``: the compressor's name, then plain codecs such
+as ``none``): every codec's groups are probed alike and fitted alike; the
+step model then gives each group the codec of least cost, and each ranked
+layout's codecs are settled by evaluating its codec assignments (every one up
+to ``ASSIGNMENTS_LIMIT``) with the model; ``codecs_of(layout)`` names them.
+The sentinels (one group, layer-wise) keep the compressor everywhere. With
+``plain_horovod``, a third sentinel, ``PLAIN_HOROVOD``, is confirmed beside
+them: the user's optimizer with Horovod's own reduction and no compression;
+like any candidate it is chosen only if it resolves faster than one group.
 """
+
+import itertools
 
 import math
 import numbers
@@ -90,6 +102,15 @@ RANKED_PER_GROUP_COUNT = 16
 REFINED_SEEDS = 8
 # One group: timed in every confirm round, the yardstick of the others.
 REFERENCE = ()
+# The sentinel for plain Horovod (MergeComp steps aside): a candidate key, not a layout.
+PLAIN_HOROVOD = "plain Horovod"
+# Codec assignments of one layout evaluated exhaustively up to this many,
+# else group by group from the cheapest codec of each.
+ASSIGNMENTS_LIMIT = 4096
+
+
+def _candidate_key(layout):
+    return layout if isinstance(layout, str) else tuple(layout)
 
 
 class Profile:
@@ -109,11 +130,13 @@ class Probe:
 
     kind = "probe"
 
-    def __init__(self, layouts):
+    def __init__(self, layouts, codec=None):
         self.layouts = [tuple(layout) for layout in layouts]
+        self.codec = codec  # every group with this codec (None: the compressor)
 
     def __repr__(self):
-        return "Probe(%d layouts)" % len(self.layouts)
+        return "Probe(%d layouts%s)" % (len(self.layouts),
+                                        "" if self.codec is None else ", " + self.codec)
 
 
 class Warm:
@@ -123,7 +146,7 @@ class Warm:
     kind = "warm"
 
     def __init__(self, layouts):
-        self.layouts = [tuple(layout) for layout in layouts]
+        self.layouts = [_candidate_key(layout) for layout in layouts]
 
     def __repr__(self):
         return "Warm(%d layouts)" % len(self.layouts)
@@ -136,7 +159,7 @@ class Time:
     kind = "time"
 
     def __init__(self, splits):
-        self.splits = tuple(splits)
+        self.splits = _candidate_key(splits)
 
     def __repr__(self):
         return "Time(%r)" % (self.splits,)
@@ -172,11 +195,14 @@ class PartitionSearchAlgorithm:
         while the leader's gain over one group is unresolved.
       standard_errors: how many standard errors of the mean per-round log
         ratio a leader's gain over one group must exceed.
+      codecs: None (every group with the compressor), or the codec names a
+        group may use, the compressor's first (module docstring).
+      plain_horovod: confirm plain Horovod as a third sentinel.
     """
 
     def __init__(self, sizes, max_groups=4, finalists=3, rounds=4, codec_on_compute=True,
                  decodes_after_backprop=False, exhaustive_limit=20_000, refinements=2,
-                 resolve_rounds=4, standard_errors=2.0):
+                 resolve_rounds=4, standard_errors=2.0, codecs=None, plain_horovod=False):
         sizes = list(sizes)
         if not sizes:
             raise ValueError("sizes must list at least one tensor size")
@@ -204,11 +230,25 @@ class PartitionSearchAlgorithm:
         self.refinements = refinements
         self.resolve_rounds = resolve_rounds
         self.standard_errors = float(standard_errors)
+        if codecs is not None:
+            codecs = tuple(codecs)
+            if (not codecs or len(set(codecs)) != len(codecs)
+                    or not all(isinstance(c, str) and c for c in codecs)):
+                raise ValueError("codecs must be distinct codec names, the compressor's first, "
+                                 "got %r" % (codecs,))
+        self.codecs = codecs
+        if plain_horovod not in (True, False, 0, 1):
+            raise ValueError("plain_horovod must be True or False, got %r" % (plain_horovod,))
+        self.plain_horovod = bool(plain_horovod)
 
         self.phase = None  # "explore", "confirm", "done"
         self.profile = None  # ProfileResult of one group
         self.ready = None  # the ready times the model used
-        self.probed = {}  # (lo, hi) -> [encode, collective, decode] seconds
+        # codec (None without codecs) -> {(lo, hi) -> [encode, collective, decode] seconds}
+        self.probed_by_codec = {codec: {} for codec in self._codec_keys()}
+        self.probed = self.probed_by_codec[self._codec_keys()[0]]  # the compressor's
+        self.layout_codecs = {}  # layout -> codec per group, where codecs are searched
+        self._costs_by_codec = None
         self.model = None  # the final StepTimeModel
         self.predictions = {}  # layout -> predicted seconds (every layout ranked)
         self.finalist_layouts = []
@@ -255,7 +295,18 @@ class PartitionSearchAlgorithm:
     @property
     def sentinels(self):
         n = self.num_tensors
-        return [()] if n == 1 or self.max_groups == 1 else [(), layerwise_splits(n)]
+        sentinels = [()] if n == 1 or self.max_groups == 1 else [(), layerwise_splits(n)]
+        return sentinels + ([PLAIN_HOROVOD] if self.plain_horovod else [])
+
+    def codecs_of(self, layout):
+        """The codec of each group of ``layout`` (a tuple of names), None where
+        every group uses the compressor, or for ``PLAIN_HOROVOD``."""
+        if isinstance(layout, str):
+            return None
+        return self.layout_codecs.get(tuple(layout))
+
+    def _codec_keys(self):
+        return [None] if self.codecs is None else list(self.codecs)
 
     def measured_seconds(self):
         """{layout: median seconds over its confirm rounds}."""
@@ -304,28 +355,43 @@ class PartitionSearchAlgorithm:
     def _run(self):
         self.phase = "explore"
         if self.max_groups == 1:
-            self.choice = ()
-            self.notes.append("one group is the only layout allowed")
+            if not self.plain_horovod:
+                self.choice = ()
+                self.notes.append("one group is the only layout allowed")
+                return
+            # Nothing to explore: one group against plain Horovod.
+            self.notes.append("one group is the only layout allowed: confirmed against "
+                              "plain Horovod")
+            yield from self._confirm()
             return
         n = self.num_tensors
         profiled = yield Profile(())
         self.profile = profiled
         probe_layouts = _unique([balanced_splits(self.sizes, g)
                                  for g in (1, 2, 4, 8, 16) if g <= n])
-        yield from self._probe(probe_layouts)
+        for codec in self._codec_keys():
+            yield from self._probe(probe_layouts, codec)
         self._predict()
         for _ in range(self.refinements):
-            unmeasured = [layout for layout in self._best_per_group_count()
-                          if not all(group in self.probed for group in _groups(layout, n))]
+            unmeasured = {}
+            for layout in self._best_per_group_count():
+                names = self.codecs_of(layout) or (self._codec_keys()[0],) * (len(layout) + 1)
+                for group, codec in zip(_groups(layout, n), names):
+                    if group not in self.probed_by_codec[codec]:
+                        unmeasured.setdefault(codec, [])
+                        if layout not in unmeasured[codec]:
+                            unmeasured[codec].append(layout)
             if not unmeasured:
                 break
-            yield from self._probe(unmeasured)
+            for codec in self._codec_keys():
+                if codec in unmeasured:
+                    yield from self._probe(unmeasured[codec], codec)
             self._predict()
         self.finalist_layouts = self._choose_finalists()
         yield from self._confirm()
 
-    def _probe(self, layouts):
-        results = yield Probe(layouts)
+    def _probe(self, layouts, codec=None):
+        results = yield Probe(layouts, codec)
         if len(results) != len(layouts):
             raise ValueError("a probe answer must hold one array per layout")
         for layout, seconds in zip(layouts, results):
@@ -335,31 +401,84 @@ class PartitionSearchAlgorithm:
                 raise ValueError("layout %r has %d groups but %d were timed"
                                  % (layout, len(groups), len(seconds)))
             for group, parts in zip(groups, seconds):
-                self.probed[group] = parts
+                self.probed_by_codec[codec][group] = parts
 
     def _predict(self):
-        groups = sorted(self.probed)
-        fitted = step_model.LinearGroupCosts.fit(self.sizes, groups,
-                                                 [self.probed[g] for g in groups])
-        costs = step_model.MeasuredGroupCosts(fitted, self.probed)
+        costs_by_codec = []
+        for codec in self._codec_keys():
+            probed = self.probed_by_codec[codec]
+            groups = sorted(probed)
+            fitted = step_model.LinearGroupCosts.fit(self.sizes, groups,
+                                                     [probed[g] for g in groups])
+            costs_by_codec.append(step_model.MeasuredGroupCosts(fitted, probed))
+        self._costs_by_codec = costs_by_codec
         self.ready = fill_ready(self.profile.ready, self.sizes)
-        model = step_model.StepTimeModel(self.ready, costs, 0.0, self.codec_on_compute,
-                                         self.decodes_after_backprop)
+        compressor_model = self._model(costs_by_codec[0], 0.0)
         # The tail (optimizer update, per-step overhead) is what the measured
         # one-group step leaves unexplained; one constant for every layout.
-        model.tail = max(0.0, self.profile.seconds - model.step_time(()))
+        tail = max(0.0, self.profile.seconds - compressor_model.step_time(()))
+        compressor_model.tail = tail
+        if len(costs_by_codec) == 1:
+            model = compressor_model
+        else:
+            model = self._model(step_model.CheapestCodecCosts(costs_by_codec), tail)
         self.model = model
         self.predictions = {}
+        self.layout_codecs = {}
         if self.num_tensors > self.max_groups:
             # The layer-wise sentinel too, for the record (it is confirmed anyway).
             layerwise = layerwise_splits(self.num_tensors)
-            self.predictions[layerwise] = model.step_time(layerwise)
+            self.predictions[layerwise] = compressor_model.step_time(layerwise)
         for groups_count in range(1, self.max_groups + 1):
             for layout, seconds in best_layouts(model, groups_count,
                                                 count=RANKED_PER_GROUP_COUNT,
                                                 exhaustive_limit=self.exhaustive_limit,
                                                 sizes=self.sizes):
                 self.predictions[layout] = seconds
+        if len(costs_by_codec) > 1:
+            sentinels = set(self.sentinels)
+            for layout in list(self.predictions):
+                if layout in sentinels:  # confirmed with the compressor everywhere
+                    self.predictions[layout] = compressor_model.step_time(layout)
+                    continue
+                names, seconds = self._best_assignment(layout, tail)
+                self.predictions[layout] = seconds
+                if any(name != self.codecs[0] for name in names):
+                    self.layout_codecs[layout] = names
+
+    def _model(self, costs, tail):
+        return step_model.StepTimeModel(self.ready, costs, tail, self.codec_on_compute,
+                                        self.decodes_after_backprop)
+
+    def _best_assignment(self, layout, tail):
+        """(codec names per group, predicted seconds) of ``layout``'s fastest
+        codec assignment under the model; fewer codec changes on a tie."""
+        groups = len(layout) + 1
+        codecs = len(self._costs_by_codec)
+        if codecs ** groups <= ASSIGNMENTS_LIMIT:
+            assignments = np.array(list(itertools.product(range(codecs), repeat=groups)),
+                                   dtype=np.int64).reshape(-1, groups)
+            times = self._assignment_times(layout, assignments, tail)
+        else:  # group by group, from each group's cheapest codec
+            bounds = np.array(_groups(layout, self.num_tensors))
+            current = self.model.costs.choices(bounds[:, 0], bounds[:, 1])
+            best = float(self._assignment_times(layout, current[None], tail)[0])
+            for group in range(groups):
+                trial = np.repeat(current[None], codecs, axis=0)
+                trial[:, group] = np.arange(codecs)
+                times = self._assignment_times(layout, trial, tail)
+                if times.min() < best - 1e-15:
+                    current, best = trial[int(np.argmin(times))], float(times.min())
+            assignments, times = current[None], np.array([best])
+        order = np.lexsort(((assignments != 0).sum(axis=1), times))
+        chosen = assignments[order[0]]
+        return tuple(self.codecs[i] for i in chosen), float(times[order[0]])
+
+    def _assignment_times(self, layout, assignments, tail):
+        costs = step_model.AssignedCodecCosts(self._costs_by_codec, assignments)
+        splits = np.repeat(np.asarray([layout], dtype=np.int64).reshape(1, -1),
+                           len(assignments), axis=0)
+        return self._model(costs, tail).step_times(splits)
 
     def _best_per_group_count(self):
         best = {}
@@ -431,9 +550,13 @@ class PartitionSearchAlgorithm:
                     len(self.relative_rounds_of(self.leader))))
 
     def _name(self, layout):
+        if layout == PLAIN_HOROVOD:
+            return PLAIN_HOROVOD
         if layout == layerwise_splits(self.num_tensors):
             return "layer-wise"
-        return "%d groups cut at %s" % (len(layout) + 1, list(layout))
+        codecs = self.codecs_of(layout)
+        return "%d groups cut at %s%s" % (len(layout) + 1, list(layout),
+                                          "" if codecs is None else ", codecs %s" % list(codecs))
 
     def _time_round(self, layouts, round_index):
         measured = {}
@@ -469,7 +592,12 @@ class PartitionSearchAlgorithm:
         relative = self.relative_seconds()
 
         def entry(layout):
-            return {"splits": list(layout), "groups": len(layout) + 1,
+            plain = layout == PLAIN_HOROVOD
+            codecs = self.codecs_of(layout)
+            return {"splits": None if plain else list(layout),
+                    "groups": None if plain else len(layout) + 1,
+                    "plain_horovod": plain,
+                    "group_codecs": None if codecs is None else list(codecs),
                     "predicted_s": self.predictions.get(layout),
                     "measured_s": measured.get(layout),
                     "rounds_s": self.rounds_of(layout),
@@ -477,12 +605,19 @@ class PartitionSearchAlgorithm:
                     "dropped_after_round": self.dropped.get(layout)}
 
         return {
-            "choice": None if self.choice is None else list(self.choice),
-            "leader": None if self.leader is None else list(self.leader),
+            "choice": (None if self.choice is None else self.choice
+                       if self.choice == PLAIN_HOROVOD else list(self.choice)),
+            "choice_group_codecs": (None if self.choice is None or self.codecs_of(self.choice)
+                                    is None else list(self.codecs_of(self.choice))),
+            "leader": (None if self.leader is None else self.leader
+                       if self.leader == PLAIN_HOROVOD else list(self.leader)),
+            "codecs": None if self.codecs is None else list(self.codecs),
             "extra_rounds": self.extra_rounds,
             "standard_errors": self.standard_errors,
             "candidates": [entry(layout) for layout in self.candidates],
-            "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s}
+            "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s,
+                             "group_codecs": (None if self.codecs_of(l) is None
+                                              else list(self.codecs_of(l)))}
                             for l, s in sorted(self.predictions.items(), key=lambda x: x[1])],
             "profile_step_s": None if self.profile is None else self.profile.seconds,
             "ready_s": None if self.ready is None else [float(r) for r in self.ready],
@@ -625,6 +760,8 @@ class SearchResult:
 
     def __init__(self, algorithm, requests):
         self.splits = algorithm.choice
+        self.group_codecs = algorithm.codecs_of(algorithm.choice)
+        self.plain_horovod = algorithm.choice == PLAIN_HOROVOD
         self.algorithm = algorithm
         self.requests = requests  # {"profile": n, "probe": n, "time": n, "traced": n}
 
@@ -638,6 +775,10 @@ def run_search(sizes, profile, probe, time_candidate, **options):
       profile(splits) -> ProfileResult
       probe(splits) -> [groups, 3] seconds (encode, collective, decode)
       time_candidate(splits) -> seconds per step (one confirm round)
+
+    With ``codecs``: probe(splits, codec), every group with ``codec``; and
+    time_candidate(splits, group_codecs), ``group_codecs`` None for every
+    group with the compressor; ``splits`` is ``PLAIN_HOROVOD`` for plain Horovod.
 
     ``options`` are PartitionSearchAlgorithm's. Returns a SearchResult; its
     ``requests["traced"]`` counts the layouts that trained (each a trace of
@@ -654,7 +795,10 @@ def run_search(sizes, profile, probe, time_candidate, **options):
             answer = profile(request.splits)
         elif request.kind == "probe":
             counts["probe"] += len(request.layouts)
-            answer = [probe(layout) for layout in request.layouts]
+            if request.codec is None:
+                answer = [probe(layout) for layout in request.layouts]
+            else:
+                answer = [probe(layout, request.codec) for layout in request.layouts]
         elif request.kind == "warm":
             counts["warm"] += len(request.layouts)
             counts["traced"] += len(set(request.layouts) - trained)
@@ -665,7 +809,10 @@ def run_search(sizes, profile, probe, time_candidate, **options):
             if request.splits not in trained:
                 counts["traced"] += 1
                 trained.add(request.splits)
-            answer = time_candidate(request.splits)
+            if algorithm.codecs is None and not algorithm.plain_horovod:
+                answer = time_candidate(request.splits)
+            else:
+                answer = time_candidate(request.splits, algorithm.codecs_of(request.splits))
         request = algorithm.answer(answer)
     return SearchResult(algorithm, counts)
 

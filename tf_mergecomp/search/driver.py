@@ -82,7 +82,7 @@ from tf_mergecomp._validation import check_in_interval, check_int
 from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
-from tf_mergecomp.search.report import SearchReport, describe
+from tf_mergecomp.search.report import STEPS_ASIDE, SearchReport, describe
 from tf_mergecomp.search.store import PartitionStore
 
 
@@ -118,13 +118,17 @@ class PartitionSearchDriver:
         otherwise keep every candidate's collectives and coordinate them in
         every later cycle, slowing the candidates timed after them and the
         training that follows the search.
+      plain_codecs: the codecs a group may use instead of the compressor,
+        where the MergeComp has ``plain_groups`` on: ``("none",)`` (default,
+        exact), or ``("none", "fp16")`` (fp16 groups too, at half the bytes).
       **search_options: more ``PartitionSearchAlgorithm`` arguments.
     """
 
     def __init__(self, compression, max_groups=4, steps_per_candidate=3, rounds=4, finalists=3,
                  warmup_steps=2, profiled_steps=4, probe_repeats=3, save_path=None, verbose=1,
                  log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
-                 min_turn_seconds=0.0, restart_horovod=True, **search_options):
+                 min_turn_seconds=0.0, restart_horovod=True, plain_codecs=("none",),
+                 **search_options):
         from tf_mergecomp.mergecomp import MergeComp
 
         if not isinstance(compression, MergeComp):
@@ -140,6 +144,14 @@ class PartitionSearchDriver:
             if value not in (0, 1, True, False):
                 raise ValueError("%s must be 0 or 1, got %r" % (name, value))
         check_in_interval("min_turn_seconds", min_turn_seconds, "[0, inf)")
+        from tf_mergecomp.plain_groups import PLAIN_CODECS
+
+        if (isinstance(plain_codecs, str) or not plain_codecs
+                or any(c not in PLAIN_CODECS for c in plain_codecs)
+                or len(set(plain_codecs)) != len(plain_codecs)):
+            raise ValueError("plain_codecs must be distinct names among %s, got %r"
+                             % (", ".join(PLAIN_CODECS), plain_codecs))
+        self.plain_codecs = tuple(plain_codecs)
         if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
             raise ValueError("save_path must be a path or None, got %r" % (save_path,))
         unknown = set(search_options) - _ALGORITHM_OPTIONS
@@ -170,6 +182,8 @@ class PartitionSearchDriver:
         self._search_options = dict(search_options)
 
         self.train_functions = None  # how a layout's train step is selected (Keras or loop)
+        # layout -> codec per group where not all the compressor (the search's, or the file's)
+        self.layout_codecs = {}
         self._loop_functions = _LoopFunctions(self)
         self.algorithm = None
         self.loaded_from = None  # save_path when a saved partition was reused
@@ -243,7 +257,8 @@ class PartitionSearchDriver:
         if self._role in ("timed", "profiled"):
             if self._role == "profiled":
                 self._profiler.step_ends()
-            self._check_collectives(collectives, "candidate %s" % describe(self._current_layout))
+            self._check_collectives(collectives,
+                                    "candidate %s" % self.describe_layout(self._current_layout))
         try:
             self._role = self._plan.send(seconds)
         except StopIteration:
@@ -261,7 +276,7 @@ class PartitionSearchDriver:
         if self.algorithm is not None and self.algorithm.relative_seconds():
             choice = self.algorithm.resolved_choice(self.algorithm.fastest())
         self.report.log("search stopped early after %d steps: keeping %s" % (
-            self.cost["steps"], describe(choice)))
+            self.cost["steps"], self.describe_layout(choice)))
         self._conclude(choice, save=False)
 
     # ------------------------------------------------------------- custom loops
@@ -299,8 +314,15 @@ class PartitionSearchDriver:
         saved, reason = self._load_decision()
         if saved is not None:
             self.loaded_from = self.save_path
-            self.report.log("reusing the partition saved in %s: %s" % (self.save_path, describe(saved)))
-            self._conclude(tuple(saved), save=False)
+            if saved["plain_horovod"]:
+                layout = search_core.PLAIN_HOROVOD
+            else:
+                layout = tuple(saved["partition"])
+                if saved["group_codecs"] is not None:
+                    self.layout_codecs[layout] = tuple(saved["group_codecs"])
+            self.report.log("reusing the partition saved in %s: %s" % (
+                self.save_path, self.describe_layout(layout)))
+            self._conclude(layout, save=False)
             return
         self.reason_for_search = reason
         self.report.log("searching the partition of %d gradient tensors%s" % (
@@ -312,13 +334,14 @@ class PartitionSearchDriver:
         self.algorithm = search_core.PartitionSearchAlgorithm(
             sizes, max_groups=self.max_groups, finalists=self.finalists, rounds=self.rounds,
             codec_on_compute=codec_on_compute, decodes_after_backprop=decodes_after,
+            codecs=self.searched_codecs(), plain_horovod=self.compression.plain_groups,
             **self._search_options)
         request = self.algorithm.start()
         while request is not None:
             if request.kind == "profile":
                 answer = yield from self._profile()
             elif request.kind == "probe":
-                answer = self._probe_layouts(request.layouts)
+                answer = self._probe_layouts(request.layouts, request.codec)
             elif request.kind == "warm":
                 self.report.finalists(self.algorithm, self.compression.num_tensors, self.rounds)
                 answer = yield from self._warm(request.layouts)
@@ -374,17 +397,46 @@ class PartitionSearchDriver:
                 self.turn_steps, self.min_turn_seconds))
         return search_core.ProfileResult(plain, ready)
 
-    def _probe_layouts(self, layouts):
+    def _probe_layouts(self, layouts, codec=None):
         started = time.perf_counter()
         if self._probe is None:
             self._probe = recorder.ExchangeProbe(self.compression)
         answers = []
         for layout in layouts:
-            samples = self._probe.run(layout, repeats=self.probe_repeats)
+            samples = self._probe.run(layout, repeats=self.probe_repeats, codec=codec)
             answers.append(self._combine_probe(samples))
-        self.report.log("probed %d groups of %d layouts alone in %.1f s" % (
-            sum(len(a) for a in answers), len(layouts), time.perf_counter() - started))
+        self.report.log("probed %d groups of %d layouts alone%s in %.1f s" % (
+            sum(len(a) for a in answers), len(layouts),
+            "" if codec is None else " with %s" % codec, time.perf_counter() - started))
         return answers
+
+    def searched_codecs(self):
+        """The codecs the search chooses from per group: the compressor and
+        ``plain_codecs`` with ``plain_groups``; None: the compressor only."""
+        compression = self.compression
+        name = compression.compressor.name
+        plain = [c for c in self.plain_codecs if c in compression.codec_choices and c != name]
+        if not compression.plain_groups or not plain:
+            return None
+        return (name,) + tuple(plain)
+
+    def apply_layout(self, layout):
+        """Sets the MergeComp to train with ``layout`` from the next trace on:
+        its splits and groups' codecs, or plain Horovod (MergeComp steps aside)."""
+        if layout == search_core.PLAIN_HOROVOD:
+            self.compression.set_plain_horovod()
+            return
+        codecs = self.codecs_of(layout)
+        self.compression.set_partition(list(layout) if layout else 1,
+                                       group_codecs=None if codecs is None else list(codecs))
+
+    def codecs_of(self, layout):
+        if self.algorithm is not None and self.algorithm.codecs_of(layout) is not None:
+            return self.algorithm.codecs_of(layout)
+        return self.layout_codecs.get(layout)
+
+    def describe_layout(self, layout):
+        return describe(layout, self.codecs_of(layout))
 
     def _warm(self, layouts):
         """An untimed turn of each candidate: traced there, so that no timed turn follows
@@ -417,10 +469,14 @@ class PartitionSearchDriver:
 
     def _history_record(self, layout):
         for record in self.history:
-            if tuple(record["splits"]) == tuple(layout):
+            if record["layout"] == layout:
                 return record
-        record = {"candidate": len(self.history) + 1, "splits": list(layout),
-                  "groups": len(layout) + 1,
+        plain = layout == search_core.PLAIN_HOROVOD
+        codecs = self.codecs_of(layout)
+        record = {"candidate": len(self.history) + 1, "layout": layout,
+                  "splits": None if plain else list(layout),
+                  "groups": None if plain else len(layout) + 1, "plain_horovod": plain,
+                  "group_codecs": None if codecs is None else list(codecs),
                   "role": _role_of(layout, self.compression.num_tensors),
                   "predicted_s": self.algorithm.predictions.get(tuple(layout)),
                   "rounds_s": [], "local_rounds_s": [], "collectives_per_step": None}
@@ -443,7 +499,7 @@ class PartitionSearchDriver:
             else:
                 self.restart_blocker = problem
                 self.report.log("no longer restarting Horovod between candidates: %s" % problem)
-        self._current_layout = tuple(layout)
+        self._current_layout = layout if isinstance(layout, str) else tuple(layout)
         new = self.train_functions.use(self._current_layout, fresh=fresh)
         if new:
             self.cost["traces"] += 1
@@ -454,7 +510,9 @@ class PartitionSearchDriver:
         self._step_start = time.perf_counter()
 
     def _conclude(self, choice, save):
-        choice = tuple(choice)
+        choice = choice if isinstance(choice, str) else tuple(choice)
+        if self.algorithm is not None and self.algorithm.codecs_of(choice) is not None:
+            self.layout_codecs[choice] = self.algorithm.codecs_of(choice)
         self._activate(choice)
         self.train_functions.keep_only(choice)
         self._phase = "done"
@@ -466,7 +524,10 @@ class PartitionSearchDriver:
         self._probe = None
         if self.algorithm is None or not self.algorithm.rounds_measured:
             self.report.log("%s, after %d traces of the train step, %d steps, %.1f s" % (
-                describe(choice), self.cost["traces"], self.cost["steps"], self.cost["seconds"]))
+                self.describe_layout(choice), self.cost["traces"], self.cost["steps"],
+                self.cost["seconds"]))
+            if choice == search_core.PLAIN_HOROVOD:
+                self.report.log(STEPS_ASIDE)
             return
         self.report.choice(self.algorithm, choice, self.compression.num_tensors, self.cost)
         self.report.tensorboard(self.algorithm, self.history, choice)
@@ -496,7 +557,12 @@ class PartitionSearchDriver:
         groups = self.compression.num_groups
         if groups is None:
             return
-        expected = groups * self.compression.compressor.collectives_per_group()
+        if self.compression.steps_aside:
+            expected = 0  # Horovod's own collectives: MergeComp counts only its own
+        else:
+            compressor = self.compression.compressor
+            expected = sum(compressor.collectives_per_group() if name == compressor.name else 1
+                           for name in self.compression.group_codecs)
         if collectives != expected:
             raise RuntimeError(
                 "%s has %d groups (%d collectives per step) but the step ran %d collectives: "
@@ -533,7 +599,8 @@ class PartitionSearchDriver:
 
     def _identity(self):
         description = dict(self.compression.describe())
-        description.pop("splits", None)
+        for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
+            description.pop(chosen, None)
         return {
             "model_fingerprint": self.compression.model_fingerprint(),
             "world_size": communication.world_size(),
@@ -543,9 +610,13 @@ class PartitionSearchDriver:
     def _record(self, choice):
         """What the saved file holds beside the identity."""
         measured = self.algorithm.measured_seconds()
+        plain = choice == search_core.PLAIN_HOROVOD
+        codecs = self.codecs_of(choice)
         return {
-            "partition": list(choice),
-            "num_groups": len(choice) + 1,
+            "partition": [] if plain else list(choice),
+            "num_groups": None if plain else len(choice) + 1,
+            "group_codecs": None if codecs is None else list(codecs),
+            "plain_horovod": plain,
             "seconds_per_step": measured.get(tuple(choice)),
             "tensor_sizes": self.compression.tensor_sizes,
             "cost": dict(self.cost),
@@ -585,7 +656,7 @@ class _LoopFunctions:
         return call
 
     def use(self, layout, fresh=False):
-        self.driver.compression.set_partition(list(layout) if layout else 1)
+        self.driver.apply_layout(layout)
         self.active = layout
         if fresh:
             for _, _, functions in self.registered:
@@ -633,6 +704,8 @@ def _wait_for(value):
 
 
 def _role_of(layout, n):
+    if layout == search_core.PLAIN_HOROVOD:
+        return "plain Horovod"
     if not layout:
         return "one group"
     if tuple(layout) == grouping.layerwise_splits(n):

@@ -289,7 +289,8 @@ class ExchangeProbe:
         # Compressors and memories keep no state of their own (the engine
         # holds it in variables), so the probe may share them.
         self.mergecomp = MergeComp(compression.compressor, memory=compression.memory,
-                                   seed=compression.seed, name="mergecomp_probe")
+                                   seed=compression.seed, plain_groups=compression.plain_groups,
+                                   name="mergecomp_probe")
         generator = tf.random.Generator.from_seed(seed)
         # The engine reverses the list it is given (Keras passes the forward
         # order): reverse it here so that the probe's tensor i is the real one.
@@ -299,8 +300,12 @@ class ExchangeProbe:
         self.traces = 0
         self.cpu_s = []
 
-    def run(self, splits, repeats=3):
-        self.mergecomp.set_partition(list(splits) if splits else 1)
+    def run(self, splits, repeats=3, codec=None):
+        """``codec``: every group sent with this codec (one of the MergeComp's
+        ``codec_choices``); None: the compressor."""
+        self.mergecomp.set_partition(list(splits) if splits else 1,
+                                     group_codecs=None if codec is None
+                                     else [codec] * (len(splits) + 1))
         recorder = _SerializedGroupRecorder(self.mergecomp, len(splits) + 1)
         reduce_fn = self._reduce
 

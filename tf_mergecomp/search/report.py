@@ -7,9 +7,11 @@ per group count (2 to ``max_groups``), each candidate at its time (y) over the
 positions of its cuts (x, tensor index in backprop order), joined by a line;
 the model's predictions in grey (for 2 groups, the predicted time of every
 split as a curve), the confirmed candidates in colour at their measured
-median with the spread of their rounds, the sentinels (one group,
-layer-wise) as horizontal lines at their measured medians, and the chosen
-partition as a star.
+median with the spread of their rounds and, where groups use different
+codecs, each group's codec over it; the sentinels (one group, layer-wise,
+plain Horovod) as horizontal lines at their measured medians, and the chosen
+partition as a star. When plain Horovod is chosen, the log says
+``STEPS_ASIDE``.
 """
 
 import os
@@ -17,8 +19,10 @@ import os
 import numpy as np
 
 from tf_mergecomp import communication, grouping
+from tf_mergecomp.search.algorithm import PLAIN_HOROVOD
 
 PLOT_NAME = "mergecomp_search.png"
+STEPS_ASIDE = "plain Horovod is fastest here: MergeComp steps aside"
 
 
 class SearchReport:
@@ -37,11 +41,15 @@ class SearchReport:
     def finalists(self, algorithm, n, rounds):
         self.log("predicted %s; confirming %s against one group and layer-wise in %d "
                  "interleaved rounds, after an untimed turn of each" % (
-                     ", ".join("%s %.2f ms" % (short(l, n), 1e3 * algorithm.predictions[l])
+                     ", ".join("%s %.2f ms" % (short(l, n, algorithm.codecs_of(l)),
+                                               1e3 * algorithm.predictions[l])
                                for l in [()] + algorithm.finalist_layouts
                                if l in algorithm.predictions),
-                     ", ".join(short(l, n) for l in algorithm.finalist_layouts)
-                     or "nothing else", rounds))
+                     ", ".join(short(l, n, algorithm.codecs_of(l))
+                               for l in algorithm.finalist_layouts) or "nothing else",
+                     rounds))
+        if algorithm.plain_horovod:
+            self.log("plain Horovod (no compression, Horovod's own fusion) is confirmed too")
 
     def rounds(self, algorithm, n, planned_rounds, final=False):
         """One line per finished confirm round (a round is over once the next began)."""
@@ -56,7 +64,7 @@ class SearchReport:
                 title = "round %d (extra, the leader's gain over one group unresolved)" % (
                     self.rounds_logged)
             self.log("%s: %s" % (title, ", ".join(
-                "%s %.2f ms%s" % (short(layout, n), 1e3 * seconds,
+                "%s %.2f ms%s" % (short(layout, n, algorithm.codecs_of(layout)), 1e3 * seconds,
                                   " (predicted %.2f)" % (1e3 * algorithm.predictions[layout])
                                   if layout in algorithm.predictions else "")
                 for layout, seconds in measured.items())))
@@ -69,16 +77,21 @@ class SearchReport:
         layerwise = grouping.layerwise_splits(n)
         if n > 1 and layerwise in measured:
             sentinels.append("layer-wise %.2f ms" % (1e3 * measured[layerwise]))
+        if PLAIN_HOROVOD in measured:
+            sentinels.append("plain Horovod %.2f ms" % (1e3 * measured[PLAIN_HOROVOD]))
         relative = algorithm.relative_seconds()
         if layerwise in relative and n > 1:
             sentinels.append("layer-wise/one group %.3f" % relative[layerwise])
         self.log("chose %s: %.2f ms/step, %.3fx one group's step in the same rounds (%s; "
                  "medians of %d interleaved rounds); the search spent %d traces of the train "
                  "step, %d steps, %.1f s" % (
-                     describe(choice), 1e3 * measured.get(choice, float("nan")),
+                     describe(choice, algorithm.codecs_of(choice)),
+                     1e3 * measured.get(choice, float("nan")),
                      relative.get(choice, float("nan")),
                      ", ".join(sentinels), len(algorithm.rounds_measured),
                      cost["traces"], cost["steps"], cost["seconds"]))
+        if choice == PLAIN_HOROVOD:
+            self.log(STEPS_ASIDE)
         for note in algorithm.notes:
             self.log(note)
 
@@ -92,16 +105,18 @@ class SearchReport:
         measured = algorithm.measured_seconds()
         with self._writer.as_default():
             for record in history:
-                layout = tuple(record["splits"])
+                layout = (PLAIN_HOROVOD if record.get("plain_horovod")
+                          else tuple(record["splits"]))
                 step = record["candidate"]
                 tf.summary.scalar("mergecomp_search/candidate_seconds", measured[layout], step=step)
-                tf.summary.scalar("mergecomp_search/candidate_groups", record["groups"], step=step)
+                if record["groups"] is not None:
+                    tf.summary.scalar("mergecomp_search/candidate_groups", record["groups"],
+                                      step=step)
                 if record["predicted_s"] is not None:
                     tf.summary.scalar("mergecomp_search/candidate_predicted_seconds",
                                       record["predicted_s"], step=step)
-            if tuple(choice) in measured:
-                tf.summary.scalar("mergecomp_search/chosen_seconds", measured[tuple(choice)],
-                                  step=0)
+            if choice in measured:
+                tf.summary.scalar("mergecomp_search/chosen_seconds", measured[choice], step=0)
         self._writer.flush()
 
     def plot(self, algorithm, choice, save_path):
@@ -121,22 +136,34 @@ class SearchReport:
         return path
 
 
-def short(splits, n):
-    """A layout in a few words: one group, layer-wise, or its splits."""
+def short(splits, n, codecs=None):
+    """A layout in a few words: one group, layer-wise, or its splits, with the
+    codec of each group where they differ from the compressor."""
+    if isinstance(splits, str):
+        return splits
     if not splits:
-        return "one group"
+        return "one group" + _codecs_text(codecs)
     if len(splits) == n - 1:
-        return "layer-wise"
-    return "%s" % (list(splits),)
+        return "layer-wise" + _codecs_text(codecs)
+    return "%s%s" % (list(splits), _codecs_text(codecs))
 
 
-def describe(splits):
-    """A layout's group count and its first splits."""
+def describe(splits, codecs=None):
+    """A layout's group count, its first splits and its groups' codecs."""
+    if isinstance(splits, str):
+        return "%s (MergeComp steps aside)" % splits
     splits = tuple(splits)
     if not splits:
-        return "1 group"
+        return "1 group" + _codecs_text(codecs)
     shown = ", ".join(str(s) for s in splits[:8]) + (", ..." if len(splits) > 8 else "")
-    return "%d groups, splits (%s)" % (len(splits) + 1, shown)
+    return "%d groups, splits (%s)%s" % (len(splits) + 1, shown, _codecs_text(codecs))
+
+
+def _codecs_text(codecs):
+    if codecs is None:
+        return ""
+    shown = list(codecs[:8]) + (["..."] if len(codecs) > 8 else [])
+    return " codecs [%s]" % ", ".join(shown)
 
 
 def plot_search(algorithm, choice, path):
@@ -150,7 +177,8 @@ def plot_search(algorithm, choice, path):
                              sharey=True)
     measured = algorithm.measured_seconds()
     n = algorithm.num_tensors
-    choice = tuple(choice) if choice is not None else None
+    if choice is not None and not isinstance(choice, str):
+        choice = tuple(choice)
     for ax, groups in zip(axes[0], counts):
         if groups == 2 and algorithm.model is not None and n > 1:
             splits = np.arange(1, n).reshape(-1, 1)
@@ -161,11 +189,18 @@ def plot_search(algorithm, choice, path):
             ax.plot(layout, [1e3 * seconds] * len(layout), color="0.55", marker=".",
                     linewidth=0.6, label="predicted" if index == 0 else None)
         for layout in algorithm.candidates:
-            if len(layout) + 1 != groups or layout not in measured:
+            if isinstance(layout, str) or len(layout) + 1 != groups or layout not in measured:
                 continue
             rounds = 1e3 * np.asarray(algorithm.rounds_of(layout))
             line = ax.plot(layout, [1e3 * measured[layout]] * len(layout), marker="o",
-                           linewidth=2, label="confirmed %s" % (list(layout),))[0]
+                           linewidth=2, label="confirmed %s" % (
+                               short(layout, n, algorithm.codecs_of(layout)),))[0]
+            codecs = algorithm.codecs_of(layout)
+            if codecs is not None:  # each group's codec, written over its middle
+                bounds = (0,) + tuple(layout) + (n,)
+                for lo, hi, name in zip(bounds[:-1], bounds[1:], codecs):
+                    ax.annotate(name, ((lo + hi) / 2, 1e3 * measured[layout]), fontsize=7,
+                                ha="center", va="bottom", color=line.get_color())
             ax.vlines(layout, rounds.min(), rounds.max(), color=line.get_color(), linewidth=1)
             if layout == choice:
                 ax.plot(layout, [1e3 * measured[layout]] * len(layout), marker="*",
@@ -177,9 +212,16 @@ def plot_search(algorithm, choice, path):
         ax.set_ylabel("ms per step")
         ax.set_title("%d groups" % groups, fontsize=10)
         ax.legend(fontsize=7, loc="best")
-    chosen = "-" if choice is None else ("1 group" if not choice else "%d groups %s" % (
-        len(choice) + 1, list(choice) if len(choice) <= 6 else "(layer-wise)"
-        if len(choice) == n - 1 else "(%d cuts)" % len(choice)))
+    if choice is None:
+        chosen = "-"
+    elif isinstance(choice, str):
+        chosen = choice
+    else:
+        chosen = ("1 group" if not choice else "%d groups %s" % (
+            len(choice) + 1, list(choice) if len(choice) <= 6 else "(layer-wise)"
+            if len(choice) == n - 1 else "(%d cuts)" % len(choice)))
+        if algorithm.codecs_of(choice) is not None:
+            chosen += ", codecs %s" % (list(algorithm.codecs_of(choice)),)
     fig.suptitle("MergeComp partition search: %d tensors, chose %s" % (n, chosen), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -189,7 +231,8 @@ def plot_search(algorithm, choice, path):
 
 def _sentinel_lines(ax, algorithm, measured, choice, n):
     layerwise = tuple(range(1, n))
-    for layout, label, style in (((), "one group", "--"), (layerwise, "layer-wise", ":")):
+    for layout, label, style in (((), "one group", "--"), (layerwise, "layer-wise", ":"),
+                                 (PLAIN_HOROVOD, "plain Horovod", "-.")):
         if layout not in measured:
             continue
         ax.axhline(1e3 * measured[layout], color="black", linestyle=style,

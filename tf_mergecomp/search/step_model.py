@@ -177,6 +177,63 @@ class MeasuredGroupCosts:
         return tuple(parts)
 
 
+class CheapestCodecCosts:
+    """Per-group codec choice: each group's parts from the codec whose encode,
+    collective and decode add up to the least (``costs_by_codec``: one cost
+    function per codec, the compressor's first). ``choices(lo, hi)`` gives the
+    index of the codec chosen per group; ``fitted`` is the compressor's fit."""
+
+    def __init__(self, costs_by_codec):
+        self.costs_by_codec = list(costs_by_codec)
+        if not self.costs_by_codec:
+            raise ValueError("costs_by_codec needs at least one codec's costs")
+        self.fitted = getattr(self.costs_by_codec[0], "fitted", None)
+
+    def _all(self, lo, hi):
+        shape = np.broadcast(np.asarray(lo), np.asarray(hi)).shape
+        return np.stack([np.stack([np.broadcast_to(np.asarray(p, dtype=np.float64), shape)
+                                   for p in costs(lo, hi)]) for costs in self.costs_by_codec])
+
+    def choices(self, lo, hi):
+        parts = self._all(lo, hi)  # [codecs, 3, ...]
+        totals = parts.sum(axis=1)
+        # The compressor wins ties (argmin takes the first).
+        return np.argmin(totals, axis=0)
+
+    def __call__(self, lo, hi):
+        parts = self._all(lo, hi)
+        chosen = np.argmin(parts.sum(axis=1), axis=0)
+        picked = np.take_along_axis(parts, chosen[None, None, ...].repeat(3, axis=1), axis=0)[0]
+        return tuple(picked[i] for i in range(3))
+
+
+class AssignedCodecCosts:
+    """Group costs for given codec assignments: ``assignments`` is a [layouts,
+    groups] array of codec indices into ``costs_by_codec``, matching the
+    [layouts, groups] ``lo``/``hi`` the step model asks about."""
+
+    def __init__(self, costs_by_codec, assignments):
+        self.costs_by_codec = list(costs_by_codec)
+        self.assignments = np.asarray(assignments, dtype=np.int64)
+        self.fitted = getattr(self.costs_by_codec[0], "fitted", None)
+
+    def __call__(self, lo, hi):
+        lo, hi = np.asarray(lo), np.asarray(hi)
+        if lo.shape != self.assignments.shape:
+            raise ValueError("assignments are %r but the groups asked for are %r"
+                             % (self.assignments.shape, lo.shape))
+        result = [np.zeros(lo.shape) for _ in range(3)]
+        for index, costs in enumerate(self.costs_by_codec):
+            mask = self.assignments == index
+            if not mask.any():
+                continue
+            parts = costs(lo, hi)
+            for part in range(3):
+                result[part][mask] = np.broadcast_to(
+                    np.asarray(parts[part], dtype=np.float64), lo.shape)[mask]
+        return tuple(result)
+
+
 def _group_key(lo, hi):
     return np.asarray(lo, dtype=np.int64) * (1 << 32) + np.asarray(hi, dtype=np.int64)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tf_mergecomp import communication
 
-FILE_FORMAT = "tf_mergecomp.partition_search/2"
+FILE_FORMAT = "tf_mergecomp.partition_search/3"
 
 
 class PartitionStore:
@@ -43,7 +43,10 @@ class PartitionStore:
                              % (self.path, problem))
 
     def load(self, identity, num_tensors):
-        """(saved splits or None, why a search is needed), decided on rank 0 for all ranks.
+        """(saved layout or None, why a search is needed), decided on rank 0 for all ranks.
+
+        A saved layout is {"partition": splits, "group_codecs": a codec name
+        per group or None, "plain_horovod": bool}.
 
         ``identity`` is what the file must have been saved for (see
         ``document``); ``num_tensors`` bounds the splits."""
@@ -70,7 +73,16 @@ class PartitionStore:
                 or partition != sorted(set(partition))
                 or any(not 0 < s < num_tensors for s in partition)):
             return None, "%s holds an invalid partition %r" % (path, partition)
-        return partition, None
+        codecs = saved.get("group_codecs")
+        if codecs is not None and (not isinstance(codecs, list) or len(codecs) != len(partition) + 1
+                                   or not all(isinstance(c, str) for c in codecs)):
+            return None, "%s holds invalid group codecs %r for %d groups" % (
+                path, codecs, len(partition) + 1)
+        plain_horovod = saved.get("plain_horovod", False)
+        if not isinstance(plain_horovod, bool):
+            return None, "%s holds an invalid plain_horovod %r" % (path, plain_horovod)
+        return {"partition": partition, "group_codecs": codecs,
+                "plain_horovod": plain_horovod}, None
 
     def save(self, identity, record):
         """Writes ``identity`` and ``record`` (rank 0 only; atomically). True once written."""
