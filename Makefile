@@ -87,7 +87,9 @@ $(VENV)/.stamp-python:
 	touch $@
 
 $(VENV)/.stamp-stack: $(VENV)/.stamp-python Makefile $(HOROVOD_PATCH)
-	$(PIP) install --quiet "$(TF_PACKAGE)" $(if $(KERAS_PACKAGE),"$(KERAS_PACKAGE)") "numpy<2" pytest scikit-learn matplotlib
+	@# tensorboard: tf.summary (the partition search's log_dir) needs it; TensorFlow 2.21 no
+	@# longer depends on it, earlier releases pin their own.
+	$(PIP) install --quiet "$(TF_PACKAGE)" $(if $(KERAS_PACKAGE),"$(KERAS_PACKAGE)") "numpy<2" tensorboard pytest scikit-learn matplotlib
 	@command -v cmake >/dev/null || { echo "cmake (< 4) is required to build Horovod: apt-get install cmake"; exit 1; }
 	@tag=$$($(PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])'); \
 	wheel=$$(ls $(HOROVOD_WHEELS)/horovod-$(HOROVOD_VERSION)-$$tag-*.whl 2>/dev/null | head -n 1); \
