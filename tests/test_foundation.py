@@ -15,11 +15,14 @@ def test_op_library_loads_once_and_matches_tensorflow():
 
 
 def test_an_op_computes_the_right_thing():
-    # fp16 encode is the simplest real op: it must equal a float16 cast.
-    ops = _ops.load()
+    # The group encode op with the fp16 codec on one tensor is the simplest real
+    # op: its payload must be a float16 cast.
+    from tf_mergecomp import compressors
+
     x = tf.constant([0.0, 1.5, -2.25, 65504.0, 1e-8], tf.float32)
-    encoded = ops.mergecomp_fp16_encode(x)
-    np.testing.assert_array_equal(encoded.numpy(), x.numpy().astype(np.float16))
+    payload, _ = compressors.get("fp16").op_encode(x, 0)
+    assert payload.dtype == tf.float16
+    np.testing.assert_array_equal(payload.numpy(), x.numpy().astype(np.float16))
 
 
 def test_missing_library_error_says_how_to_rebuild(monkeypatch, tmp_path):
