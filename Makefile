@@ -14,7 +14,7 @@
 #   make gpu-check    on a GPU host with nvcc, CuPy, numpy and pytest (no TensorFlow,
 #                     no venv): builds the CUDA launchers, checks them against the
 #                     CPU ops' golden outputs and benchmarks the group codecs
-#                     (README, "CUDA launchers"); OUT=dir keeps the results
+#                     (docs/gpu.md); OUT=dir keeps the results
 #
 # Another TensorFlow release (docs/stack.md): add TF_VERSION=2.16 ... 2.21 (a minor
 # release, or a full version such as 2.18.0) to any target. It gets its own venv,
@@ -61,7 +61,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
 # Horovod compiles against the TensorFlow already installed; CMake 4 breaks
-# Gloo's build, so prefer the system CMake (see README, "The stack").
+# Gloo's build, so prefer the system CMake (docs/stack.md).
 HOROVOD_ENV := HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
 	HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_CPU_OPERATIONS=gloo \
 	MAKEFLAGS=-j$$(nproc) PATH=/usr/bin:$$PATH

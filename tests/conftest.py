@@ -4,7 +4,7 @@ import importlib.util
 import os
 
 # TensorFlow >= 2.16: tf.keras must be Keras 2, the tf_keras package, for Horovod
-# (README, "The stack"). The horovodrun workers inherit it (tests/horovodrun.py).
+# (docs/stack.md). The horovodrun workers inherit it (tests/horovodrun.py).
 if importlib.util.find_spec("tf_keras") is not None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 

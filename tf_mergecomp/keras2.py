@@ -85,7 +85,7 @@ def keras_module():
         raise ImportError(
             "TensorFlow %s's tf.keras is Keras 3, which Horovod does not support. Install "
             "Keras 2 (pip install 'tf-keras~=%d.%d.0') and set TF_USE_LEGACY_KERAS=1 before "
-            "TensorFlow is imported (see the README)." % ((tf.__version__,) + _tensorflow_version())
+            "TensorFlow is imported (docs/stack.md)." % ((tf.__version__,) + _tensorflow_version())
         ) from exc
     return tf_keras
 
