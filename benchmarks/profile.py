@@ -440,6 +440,7 @@ class _ProbeSource:
         self.compressor = mergecomp.compressor
         self.memory = mergecomp.memory
         self.seed = mergecomp.seed
+        self.plain_groups = mergecomp.plain_groups
         self.tensor_shapes = shapes
         self.tensor_dtypes = dtypes
 
