@@ -550,7 +550,7 @@ class MergeComp(tf.Module):
         (PowerSGD's, or a CPU-only build)."""
         codec = self.compressor
         host_kernels_only = codec.reduces_own_groups or not _ops.build_info().get("cuda")
-        if codec.backend == "op" and host_kernels_only:
+        if codec.backend != reference.PLAIN_BACKEND and host_kernels_only:
             return "/device:CPU:0"
         return gradients[0].device or None
 
