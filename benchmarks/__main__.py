@@ -154,6 +154,12 @@ def build_parser():
                       help="every config in fresh rank processes of its own, none timed after "
                            "another in the same processes (slower; steadier where the order "
                            "matters: docs/scaling.md)")
+    clus.add_argument("--modes", type=_csv(str), default=list(cluster.PARTITION_MODES),
+                      help="MergeComp configs per algorithm, among %s (default %s); "
+                           "searched_single: the search with the codec on every group "
+                           "(MergeComp(plain_groups=False)), beside searched"
+                           % (", ".join(cluster.ALL_PARTITION_MODES),
+                              ",".join(cluster.PARTITION_MODES)))
     clus.add_argument("--batch-size", type=int, default=32)
     clus.add_argument("--timeout", type=float, default=None,
                       help="seconds per cluster run (default: from config count and model)")

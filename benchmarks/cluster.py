@@ -71,6 +71,9 @@ from tf_mergecomp.search.algorithm import mean_log_ratio
 from benchmarks import launcher, link_check, models, netns, network_model, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
+# Every mode a config may take (--modes): "searched_single" is the search with
+# one codec for every group (MergeComp(plain_groups=False)), beside "searched".
+ALL_PARTITION_MODES = worker.MERGECOMP_PARTITIONS
 LAUNCHERS = launcher.LAUNCHERS
 NOMINAL_UNSHAPED_BYTES_PER_S = link_check.NOMINAL_UNSHAPED_BYTES_PER_S
 DEFAULT_ALGORITHMS = ("fp16", "dgc", "topk", "randomk", "qsgd", "efsignsgd", "signsgd",
@@ -125,9 +128,23 @@ def _repeat(config):
     return dict(config, label=config["label"] + REPEAT_SUFFIX, repeat_of=config["label"])
 
 
-def _is_repeated(config):
+def check_modes(modes):
+    modes = tuple(modes)
+    unknown = [m for m in modes if m not in ALL_PARTITION_MODES]
+    if not modes or unknown or len(set(modes)) != len(modes):
+        raise ValueError("modes must be distinct names among %s, got %s"
+                         % (", ".join(ALL_PARTITION_MODES), ",".join(modes) or "none"))
+    return modes
+
+
+def _is_repeated(config, batch):
+    """Whether ``config`` is its batch's repeated one: REPEATED's, or for
+    MergeComp without a layer-wise config, the batch's first."""
     wanted = REPEATED[config["kind"]]
-    return config["label"] == wanted or config.get("partition") == wanted
+    if config["label"] == wanted or config.get("partition") == wanted:
+        return True
+    return (config["kind"] == "mergecomp" and config is batch[0]
+            and not any(c.get("partition") == wanted for c in batch))
 
 
 def family(config):
@@ -149,7 +166,7 @@ def plan_batches(algorithms, modes=PARTITION_MODES, isolate=False):
             batches.append([])
         batches[-1].append(config)
     for batch in batches:
-        batch.extend(_repeat(c) for c in list(batch) if _is_repeated(c))
+        batch.extend(_repeat(c) for c in list(batch) if _is_repeated(c, batch))
     if isolate:
         return [[config] for batch in batches for config in batch]
     return [_share_one_model(batch) for batch in batches]
@@ -165,8 +182,10 @@ def _share_one_model(batch):
     if len(mergecomp) < 2:
         return batch
     owner = next((c for c in mergecomp if c["partition"] == "searched"), mergecomp[0])
-    return [dict(c, model_of=owner["label"]) if c in mergecomp and c is not owner else c
-            for c in batch]
+    # A fixed partition can train the owner's model; another search needs its own.
+    sharing = [c for c in mergecomp if c is not owner
+               and c["partition"] in worker.FIXED_PARTITIONS]
+    return [dict(c, model_of=owner["label"]) if c in sharing else c for c in batch]
 
 
 def rounds_plan(args):
@@ -337,7 +356,8 @@ def _summarize_config(label, results, model, workers, batch_size):
     row["steps"] = len(slowest)
     row["cpu_util"] = report.median([r["cpu_s"] / r["elapsed_s"] for r in results])
     row["first_steps_s"] = max(r["first_steps_s"] for r in results)
-    for key in ("splits", "num_groups", "num_tensors", "collectives_executed", "search_s",
+    for key in ("splits", "num_groups", "num_tensors", "group_codecs", "plain_horovod",
+                "collectives_executed", "search_s",
                 "search_candidates", "search_finished", "search_history", "search_steps",
                 "search_traces", "search_summary"):
         if key in results[0]:
@@ -440,6 +460,7 @@ def _percent(value):
 SENTINEL_MARGIN = 0.97  # searched >= 97% of the better of layer-wise and one group
 VS_HOROVOD = {"fp32": 2.5, "fp16": 1.8}  # the best codec's throughput over Horovod's
 TRANSFORMER_SPEEDUP = {"efsignsgd": 1.3, "topk": 1.3}  # searched over layer-wise
+PLAIN_CHOICE_MARGIN = 0.97  # searched >= 97% of the better of Horovod fp32 and fp16
 
 
 def target_lines(group, single_images_per_s, model=None):
@@ -453,6 +474,8 @@ def target_lines(group, single_images_per_s, model=None):
     """
     rows = primary_rows(group["rows"])
     by = {(r["config"].get("algorithm"), r["config"].get("partition")): r for r in rows}
+    horovod = {r["config"].get("compression"): r for r in rows
+               if r["config"]["kind"] == "horovod" and r.get("images_per_s")}
     lines = []
     for algorithm in _algorithms(rows):
         searched = by.get((algorithm, "searched"), {})
@@ -475,10 +498,10 @@ def target_lines(group, single_images_per_s, model=None):
             verdicts.append("searched >= %sx layer-wise: %s (%sx%s)" % (
                 TRANSFORMER_SPEEDUP[algorithm], _verdict(speedup, TRANSFORMER_SPEEDUP[algorithm]),
                 report.fmt(speedup), _uncertainty_text(paired_uncertainty(searched, layerwise))))
+        verdicts.extend(_plain_choice_verdicts(searched, by.get((algorithm, "searched_single"), {}),
+                                               horovod))
         lines.append("%s: %s; %s" % (algorithm, "; ".join(verdicts), _noise_text(searched)))
     codecs = [r for r in rows if r["config"]["kind"] == "mergecomp" and r.get("images_per_s")]
-    horovod = {r["config"].get("compression"): r for r in rows
-               if r["config"]["kind"] == "horovod" and r.get("images_per_s")}
     if codecs and horovod:
         best = max(codecs, key=lambda r: r["images_per_s"])
         verdicts = []
@@ -500,6 +523,31 @@ def target_lines(group, single_images_per_s, model=None):
             best, label = max(scaling)
             lines.append("best scaling factor: %s (%s)" % (report.fmt(best), label))
     return lines
+
+
+def _plain_choice_verdicts(searched, single, horovod):
+    """The per-group codec choice's targets: searched >= 0.97x the better of
+    Horovod fp32 and fp16 (measured in another batch: its noise is Horovod's
+    and the algorithm's, both stated), and searched against the single-codec
+    search (``searched_single``) measured side by side."""
+    verdicts = []
+    if horovod:
+        better = max(horovod.values(), key=lambda r: r["images_per_s"])
+        relative = searched["images_per_s"] / better["images_per_s"]
+        verdicts.append("searched >= %sx the better Horovod (%s): %s (%sx; Horovod's %s)"
+                        % (PLAIN_CHOICE_MARGIN, better["label"],
+                           _verdict(relative, PLAIN_CHOICE_MARGIN), report.fmt(relative),
+                           _noise_text(better)))
+    if single.get("images_per_s"):
+        relative = searched["images_per_s"] / single["images_per_s"]
+        verdicts.append("searched / searched_single: %sx%s" % (
+            report.fmt(relative), _uncertainty_text(paired_uncertainty(searched, single))))
+    choice = searched.get("group_codecs")
+    if searched.get("plain_horovod"):
+        verdicts.append("chose plain Horovod")
+    elif choice:
+        verdicts.append("group codecs %s" % ",".join(choice))
+    return verdicts
 
 
 def _algorithms(rows):
@@ -534,11 +582,16 @@ def _partition_text(row):
     if row["config"]["kind"] != "mergecomp" or row.get("num_groups") is None:
         return "-"
     splits = row.get("splits") or []
+    if row.get("plain_horovod"):
+        return "plain Horovod"
     if row["config"]["partition"] == "layerwise":
         return "layer-wise (%d)" % row["num_groups"]
+    codecs = row.get("group_codecs") or []
+    plain = [c for c in codecs if c != row["config"]["algorithm"]]
+    codecs_text = " codecs %s" % ",".join(codecs) if plain else ""
     if len(splits) <= 4:
-        return "%d groups %s" % (row["num_groups"], list(splits))
-    return "%d groups" % row["num_groups"]
+        return "%d groups %s%s" % (row["num_groups"], list(splits), codecs_text)
+    return "%d groups%s" % (row["num_groups"], codecs_text)
 
 
 def _batches_text(group):
@@ -687,6 +740,10 @@ def _bars(ax, rows, key, scale, ylabel, title):
 
 
 def run(args):
+    try:
+        modes = check_modes(getattr(args, "modes", PARTITION_MODES))
+    except ValueError as error:
+        raise SystemExit(str(error))
     ok, reason = netns.available()
     if not ok:
         raise SystemExit("the cluster benchmark needs network namespaces: %s" % reason)
@@ -700,7 +757,7 @@ def run(args):
     notes = []
     if removed:
         notes.append("removed stale namespaces/links of dead runs: %s" % ", ".join(removed))
-    batches = plan_batches(args.algorithms, isolate=args.isolate)
+    batches = plan_batches(args.algorithms, modes, isolate=args.isolate)
     summary = {"bandwidth": args.bandwidth, "batch_size": args.batch_size, "steps": args.steps,
                "isolate": args.isolate,
                # The ranks inherit HOROVOD_CYCLE_TIME: validate simulates that cycle.

@@ -25,7 +25,8 @@ reads W rows), then the optimizer update (the profile's tail). Configs:
   group the codec or ``none``, the profile's plain fp32 allreduce; a mixed
   layout is timed with each group's own costs) and the plain-Horovod
   sentinel (timed as ``horovod fp32``), as ``MergeComp(plain_groups=True)``
-  searches.
+  searches; ``searched per-group +fp16``: the same with fp16 groups too
+  (``PartitionSearch(plain_codecs=("none", "fp16"))``), where the profile has fp16.
 
 Scaling factor = 1-worker step (the profile's local step, no communication)
 / W-worker step; "speed-up" = layer-wise step / searched step.
@@ -53,8 +54,14 @@ SEARCH_MAX_GROUPS = 4
 # Rounds of (fusion layout, tick phase) for Horovod's per-tensor configs.
 FUSION_ROUNDS = 4
 HOROVOD_CONFIGS = ("horovod fp32", "horovod fp16")
-MODES = ("layer-wise", "one group", "searched", "best <= 3", "searched per-group")
+PER_GROUP = "searched per-group"
+PER_GROUP_FP16 = "searched per-group +fp16"
+MODES = ("layer-wise", "one group", "searched", "best <= 3", PER_GROUP, PER_GROUP_FP16)
 PLAIN_CODEC = "none"
+# The codecs a group may take besides the user's, per per-group mode: the
+# search's default (``PartitionSearch(plain_codecs=("none",))``, exact), and with
+# fp16 groups too (``plain_codecs=("none", "fp16")``).
+PER_GROUP_PLAIN_CODECS = {PER_GROUP: (PLAIN_CODEC,), PER_GROUP_FP16: (PLAIN_CODEC, "fp16")}
 
 _PREFIXES = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
@@ -251,8 +258,9 @@ class Simulation:
 
     def codec_configs(self, name, network, search=True, plain_horovod_s=None):
         """{mode: (layout, seconds)} and the search's account for one codec;
-        with ``plain_horovod_s`` (plain Horovod's step) also the per-group search,
-        whose (layout, seconds, group codecs) is in mode ``searched per-group``."""
+        with ``plain_horovod_s`` (plain Horovod's step) also the per-group searches,
+        whose (layout, seconds, group codecs) are in the modes of
+        ``PER_GROUP_PLAIN_CODECS`` whose codecs the profile has."""
         costs = self.codec_costs(name, network)
         model = self.model(costs, name, network)
         n = self.num_tensors
@@ -269,17 +277,24 @@ class Simulation:
         if search:
             layout, account = self._search(model, costs)
             results["searched"] = (layout, model.step_time(layout))
-        if search and plain_horovod_s is not None and PLAIN_CODEC in self.codecs:
-            results["searched per-group"] = self._search_per_group(
-                name, network, model, costs, plain_horovod_s)
+        if search and plain_horovod_s is not None:
+            for mode, plain_codecs in PER_GROUP_PLAIN_CODECS.items():
+                choices = tuple(c for c in plain_codecs if c != name)
+                if not choices or any(c not in self.codecs for c in choices):
+                    continue
+                if mode != PER_GROUP and choices == PER_GROUP_PLAIN_CODECS[PER_GROUP]:
+                    continue  # the same search as PER_GROUP's (fp16's own groups)
+                results[mode] = self._search_per_group(name, network, model, costs,
+                                                       plain_horovod_s, choices)
         return results, account
 
-    def _search_per_group(self, name, network, model, costs, plain_horovod_s):
+    def _search_per_group(self, name, network, model, costs, plain_horovod_s, plain_codecs):
         """(layout, seconds, group codecs or None) of the search with per-group
-        codecs ({name, none}) and the plain-Horovod sentinel, answered from the
-        model; layout is ``PLAIN_HOROVOD`` when that is chosen."""
-        costs_by_codec = [costs, self.codec_costs(PLAIN_CODEC, network)]
-        codecs = (name, PLAIN_CODEC)
+        codecs (``name`` or one of ``plain_codecs``) and the plain-Horovod
+        sentinel, answered from the model; layout is ``PLAIN_HOROVOD`` when that
+        is chosen."""
+        codecs = (name,) + tuple(plain_codecs)
+        costs_by_codec = [costs] + [self.codec_costs(c, network) for c in plain_codecs]
         ready, cycle = self.ready, self.cycle_s
 
         def step_time(layout, group_codecs):
@@ -450,17 +465,19 @@ def table(result):
             + ["%d workers" % c["workers"] for c in cells], summary))
     lines.append("\nLayer-wise -> searched scaling factor (speed-up), fewest and most workers:\n")
     lines.append(gains_table(result))
-    if any("%s searched per-group" % codec in result["cells"][0]["rows"]
-           for codec in result["codecs"]):
-        lines.append("\nPer-group codecs (searched per-group) against Horovod fp32, fp16 and "
-                     "the single-codec search: step ms, and its ratio to the best of those "
-                     "three:\n")
+    modes = per_group_modes(result)
+    if modes:
+        lines.append("\nPer-group codecs (%s) against Horovod fp32, fp16 and the single-codec "
+                     "search: step ms, and its ratio to the best of those three:\n"
+                     % ", ".join(modes))
         lines.append(per_group_table(result))
-        verdict = per_group_verdict(result)
-        lines.append("\nSearched per-group within 1%% of the best of Horovod fp32, Horovod fp16 "
-                     "and the single-codec search in %d of %d (cell, codec) pairs; worst ratio "
-                     "%.3f; faster than the single-codec search in %d, slower in %d."
-                     % (verdict["within_1pct"], verdict["count"], verdict["worst"],
+    for mode in modes:
+        verdict = per_group_verdict(result, mode)
+        lines.append("\n%s (plain codecs %s) within 1%% of the best of Horovod fp32, Horovod "
+                     "fp16 and the single-codec search in %d of %d (cell, codec) pairs; worst "
+                     "ratio %.3f; faster than the single-codec search in %d, slower in %d."
+                     % (mode.capitalize(), "/".join(PER_GROUP_PLAIN_CODECS[mode]),
+                        verdict["within_1pct"], verdict["count"], verdict["worst"],
                         verdict["faster_than_search"], verdict["slower_than_search"]))
     best = search_vs_best(result)
     lines.append("\nSearch vs exhaustive best of <= %d groups over %d (cell, codec) pairs: "
@@ -499,54 +516,74 @@ def gains_table(result, workers=None):
     return report.markdown_table(headings, body)
 
 
-def _per_group_text(row, n):
+def _per_group_text(row, n, codec):
     if row.get("plain_horovod"):
         return "plain Horovod"
     text = _layout_text(row, n)
     codecs = row.get("group_codecs")
     if codecs:
-        plain = sum(1 for c in codecs if c == PLAIN_CODEC)
-        text += " (%d of %d plain)" % (plain, len(codecs))
+        others = [c for c in codecs if c != codec]
+        text += " (%d of %d plain%s)" % (
+            len(others), len(codecs),
+            "".join(", %d %s" % (others.count(c), c) for c in sorted(set(others))
+                    if c != PLAIN_CODEC))
     return text
 
 
+def _best_baseline(rows, codec):
+    """The best of Horovod fp32, Horovod fp16 and the single-codec search."""
+    return min(rows["horovod fp32"]["step_s"], rows["horovod fp16"]["step_s"],
+               rows["%s searched" % codec]["step_s"])
+
+
+def per_group_modes(result):
+    """The per-group modes the result has rows for."""
+    rows = result["cells"][0]["rows"]
+    return [mode for mode in PER_GROUP_PLAIN_CODECS
+            if any("%s %s" % (codec, mode) in rows for codec in result["codecs"])]
+
+
 def per_group_table(result):
-    """Per (bandwidth, workers) and codec: the per-group search's step and layout
-    beside Horovod fp32/fp16 and the single-codec search."""
+    """Per (bandwidth, workers) and codec: the per-group searches' steps and
+    layouts beside Horovod fp32/fp16 and the single-codec search."""
+    modes = per_group_modes(result)
     body = []
     for cell in result["cells"]:
         rows = cell["rows"]
-        n = None
         for codec in result["codecs"]:
-            per_group = rows.get("%s searched per-group" % codec)
-            if per_group is None:
+            if not any("%s %s" % (codec, mode) in rows for mode in modes):
                 continue
             n = rows["%s layer-wise" % codec]["groups"]
-            searched = rows["%s searched" % codec]["step_s"]
-            best = min(rows["horovod fp32"]["step_s"], rows["horovod fp16"]["step_s"], searched)
-            body.append(["%s, %d w" % (cell["bandwidth"], cell["workers"]), codec,
-                         report.fmt(1e3 * rows["horovod fp32"]["step_s"]),
-                         report.fmt(1e3 * rows["horovod fp16"]["step_s"]),
-                         report.fmt(1e3 * searched),
-                         report.fmt(1e3 * per_group["step_s"]),
-                         _per_group_text(per_group, n),
-                         report.fmt(per_group["step_s"] / best, 3)])
-    return report.markdown_table(
-        ["cell", "codec", "horovod fp32 ms", "horovod fp16 ms", "searched ms",
-         "per-group ms", "per-group layout", "per-group / best"], body)
+            best = _best_baseline(rows, codec)
+            line = ["%s, %d w" % (cell["bandwidth"], cell["workers"]), codec,
+                    report.fmt(1e3 * rows["horovod fp32"]["step_s"]),
+                    report.fmt(1e3 * rows["horovod fp16"]["step_s"]),
+                    report.fmt(1e3 * rows["%s searched" % codec]["step_s"])]
+            for mode in modes:
+                row = rows.get("%s %s" % (codec, mode))
+                line += (["-"] * 3 if row is None else
+                         [report.fmt(1e3 * row["step_s"]), _per_group_text(row, n, codec),
+                          report.fmt(row["step_s"] / best, 3)])
+            body.append(line)
+    headings = ["cell", "codec", "horovod fp32 ms", "horovod fp16 ms", "searched ms"]
+    for mode in modes:
+        label = mode[len("searched "):]
+        headings += ["%s ms" % label, "%s layout" % label, "%s / best" % label]
+    return report.markdown_table(headings, body)
 
 
-def per_group_verdict(result):
+def per_group_verdict(result, mode=PER_GROUP):
+    """How ``mode``'s searched step compares with the best of Horovod fp32, fp16
+    and the single-codec search, over the (cell, codec) pairs it ran."""
     ratios, faster, slower = [], 0, 0
     for cell in result["cells"]:
         rows = cell["rows"]
         for codec in result["codecs"]:
-            per_group = rows.get("%s searched per-group" % codec)
+            per_group = rows.get("%s %s" % (codec, mode))
             if per_group is None:
                 continue
             searched = rows["%s searched" % codec]["step_s"]
-            best = min(rows["horovod fp32"]["step_s"], rows["horovod fp16"]["step_s"], searched)
-            ratios.append(per_group["step_s"] / best)
+            ratios.append(per_group["step_s"] / _best_baseline(rows, codec))
             faster += per_group["step_s"] < searched * (1 - 1e-9)
             slower += per_group["step_s"] > searched * (1 + 1e-9)
     return {"count": len(ratios), "within_1pct": sum(r <= 1.01 for r in ratios),

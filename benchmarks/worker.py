@@ -68,7 +68,11 @@ import traceback
 from benchmarks import report
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
-MERGECOMP_PARTITIONS = ("layerwise", "one", "searched")
+MERGECOMP_PARTITIONS = ("layerwise", "one", "searched", "searched_single")
+# The searched partitions, and the MergeComp settings they differ in:
+# "searched" chooses per group between the codec and plain (and plain Horovod),
+# "searched_single" compresses every group with the codec, as before that choice.
+SEARCHED_PARTITIONS = {"searched": {}, "searched_single": {"plain_groups": False}}
 # The configs' fixed partitions, as MergeComp and set_partition take them (the
 # ones a config can also train on another config's model with).
 FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
@@ -183,6 +187,7 @@ def build_compression(config):
     if partition in FIXED_PARTITIONS:
         return (MergeComp(config["algorithm"], partitions=FIXED_PARTITIONS[partition], seed=0,
                           **params), None, "")
+    params.update(SEARCHED_PARTITIONS[partition])
     mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
     return mergecomp, MergeCompCallback, ""
 
@@ -263,14 +268,36 @@ def _warm_up_slot(slot, dataset, spec):
     slot.result["first_steps_s"] = sum(times)
     mergecomp = slot.mergecomp
     if mergecomp is not None:
-        if slot.partition is None:  # its own model: the partition it was built with or chose
-            slot.partition = list(mergecomp.splits) or 1
+        if slot.partition is None:  # its own model: the layout it was built with or chose
+            slot.partition = Layout.of(mergecomp)
             slot.train_function = slot.model.train_function
         slot.result.update(
             splits=list(mergecomp.splits) if mergecomp.splits is not None else None,
             num_groups=mergecomp.num_groups,
             num_tensors=mergecomp.num_tensors,
+            group_codecs=(list(mergecomp.group_codecs) if mergecomp.group_codecs is not None
+                          else None),
+            plain_horovod=mergecomp.steps_aside,
         )
+
+
+class Layout:
+    """What a MergeComp trains with: its cuts, each group's codec, and whether it
+    steps aside for plain Horovod (what a search may choose beyond the cuts)."""
+
+    def __init__(self, splits, group_codecs=None, plain_horovod=False):
+        self.splits = list(splits) or 1
+        self.group_codecs = None if group_codecs is None else list(group_codecs)
+        self.plain_horovod = plain_horovod
+
+    @classmethod
+    def of(cls, mergecomp):
+        return cls(mergecomp.splits or (), mergecomp.group_codecs, mergecomp.steps_aside)
+
+    def apply(self, mergecomp):
+        mergecomp.set_partition(self.splits, group_codecs=self.group_codecs)
+        if self.plain_horovod:
+            mergecomp.set_plain_horovod()
 
 
 def _activate(slot):
@@ -278,7 +305,11 @@ def _activate(slot):
     a model several configs share trains each with a train function of its own."""
     if slot.partition is None:
         return
-    slot.mergecomp.set_partition(slot.partition)
+    partition = slot.partition
+    if isinstance(partition, Layout):
+        partition.apply(slot.mergecomp)
+    else:
+        slot.mergecomp.set_partition(partition)
     if slot.train_function is None:  # traced at the next step
         slot.model.make_train_function(force=True)
         slot.train_function = slot.model.train_function

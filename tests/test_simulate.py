@@ -669,4 +669,34 @@ def test_the_per_group_search_is_never_slower_than_plain_horovod_or_its_sentinel
                       "mixed" if per_group.get("group_codecs") else "compressor")
     assert "plain Horovod" in kinds or "mixed" in kinds
     text = simulate_bench.table(result)
-    assert "per-group / best" in text and "Searched per-group within 1%" in text
+    assert "per-group / best" in text and "per-group +fp16 / best" in text
+    assert "Searched per-group (plain codecs none) within 1%" in text
+    assert "Searched per-group +fp16 (plain codecs none/fp16) within 1%" in text
+
+
+def test_fp16_groups_join_the_per_group_search_where_the_profile_has_fp16():
+    """``searched per-group +fp16`` searches fp16 groups too: its groups use the
+    codec, none or fp16, it is never slower than the sentinels either, and where
+    fp16 merged beats both the codec and fp32 (a slow link, a codec dearer than
+    its bytes save), it takes fp16 groups. fp16 itself gets no +fp16 row (the
+    same search as its per-group one)."""
+    from benchmarks import simulate as simulate_bench
+
+    profile = tiny_profile()
+    result = simulate_bench.simulate(profile, [2, 64], ["1gbit", "100gbit"], log=lambda *_: None)
+    used = set()
+    for cell in result["cells"]:
+        rows = cell["rows"]
+        assert "fp16 searched per-group +fp16" not in rows
+        for codec in result["codecs"]:
+            if codec == "fp16":
+                continue
+            row = rows["%s searched per-group +fp16" % codec]
+            sentinels = min(rows["horovod fp32"]["step_s"], rows["%s one group" % codec]["step_s"],
+                            rows["%s layer-wise" % codec]["step_s"])
+            assert row["step_s"] <= sentinels * (1 + 1e-9), (cell["bandwidth"], codec)
+            assert set(row.get("group_codecs") or ()) <= {codec, "none", "fp16"}
+            used.update(row.get("group_codecs") or ())
+    assert "fp16" in used
+    verdict = simulate_bench.per_group_verdict(result, simulate_bench.PER_GROUP_FP16)
+    assert verdict["count"] == 4 * (len(result["codecs"]) - 1)
