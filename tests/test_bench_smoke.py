@@ -657,6 +657,33 @@ def test_parity_trains_the_main_jobs_model_and_data():
     assert main_job.build_model().output_shape == (None, 10)
 
 
+def test_parity_judges_the_per_group_choice_against_the_single_codec_search():
+    from benchmarks import parity
+
+    assert [c["label"] for c in parity.plan_configs(["topk"])] == [
+        "horovod fp32", "topk layerwise", "topk searched", "topk searched_single"]
+
+    def result(label, accuracy, **extra):
+        algorithm, _, mode = label.partition(" ")
+        return dict({"label": label, "ok": True, "accuracy": accuracy, "ranks_identical": True,
+                     "config": {"kind": "mergecomp", "algorithm": algorithm, "partition": mode}},
+                    **extra)
+
+    output = {"size": 2, "results": [
+        {"label": "horovod fp32", "ok": True, "accuracy": 0.958, "ranks_identical": True,
+         "config": {"kind": "horovod"}},
+        result("topk layerwise", 0.936), result("topk searched", 0.958, plain_horovod=True),
+        result("topk searched_single", 0.953, num_groups=1, splits=[]),
+        result("dgc layerwise", 0.82),
+        result("dgc searched", 0.70, num_groups=2, splits=[3], group_codecs=["dgc", "none"]),
+        result("dgc searched_single", 0.731, num_groups=1, splits=[])]}
+    text = parity.table(output, 8)
+    assert "| topk | 0.936 | 0.958 | plain Horovod | 0.953 | 1 groups [] | +0.5 (met) |" in text
+    assert "| dgc | 0.820 | 0.700 | 2 groups [3] (1 plain) | 0.731 | 1 groups [] | -3.1 (missed) |" in text
+    assert "single-codec search: 1 of 2 codecs" in text
+    assert parity.plain_groups_verdict({"accuracy": 0.9}, {}) is None
+
+
 def test_exchange_sweep_sets_split_the_bytes_evenly():
     from benchmarks import exchange
 
