@@ -67,7 +67,7 @@ import math
 import os
 import time
 
-from tf_mergecomp.search.algorithm import mean_log_ratio
+from tf_mergecomp.search.algorithm import PLAIN_HOROVOD, mean_log_ratio
 from benchmarks import launcher, link_check, models, netns, network_model, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")
@@ -400,12 +400,13 @@ def search_note(result, row):
         result.get("search_on", "training"), row.get("search_traces", "?"),
         row.get("search_steps", "?"), row["search_s"])
     summary = row.get("search_summary") or {}
-    candidates = {tuple(c["splits"]): c for c in summary.get("candidates", [])}
-    choice = tuple(summary.get("choice") or ())
+    candidates = {_candidate_key(c["splits"]): c for c in summary.get("candidates", [])}
+    choice = _candidate_key(summary.get("choice") or ())
     n = row.get("num_tensors")
     parts = []
     for label, layout in (("chosen", choice), ("one group", ()),
-                          ("layer-wise", tuple(range(1, n)) if n else None)):
+                          ("layer-wise", tuple(range(1, n)) if n else None),
+                          ("plain Horovod", PLAIN_HOROVOD)):
         if candidates.get(layout, {}).get("measured_s") is not None:
             parts.append("%s %.1f ms" % (label, 1e3 * candidates[layout]["measured_s"]))
     if choice and candidates.get(choice, {}).get("relative_to_one_group") is not None:
@@ -416,13 +417,19 @@ def search_note(result, row):
     if summary.get("extra_rounds"):
         note += ", %d extra rounds on the leader" % summary["extra_rounds"]
     leader = summary.get("leader")
-    if leader is not None and tuple(leader) != choice:
-        note += ", leader %d groups unresolved (%.3f of one group): one group kept" % (
-            len(leader) + 1, candidates.get(tuple(leader), {}).get("relative_to_one_group")
+    if leader is not None and _candidate_key(leader) != choice:
+        note += ", leader %s unresolved (%.3f of one group): one group kept" % (
+            PLAIN_HOROVOD if leader == PLAIN_HOROVOD else "%d groups" % (len(leader) + 1),
+            candidates.get(_candidate_key(leader), {}).get("relative_to_one_group")
             or float("nan"))
     if not row.get("search_finished"):
         note += ", stopped at the step budget (best so far kept)"
     return note
+
+
+def _candidate_key(splits):
+    """A search candidate as the summary names it: its cuts, or plain Horovod (no cuts)."""
+    return PLAIN_HOROVOD if splits is None or splits == PLAIN_HOROVOD else tuple(splits)
 
 
 def spread(first, second):
@@ -714,17 +721,20 @@ def chart(summary, path):
 def _bars(ax, rows, key, scale, ylabel, title):
     rows = primary_rows(rows)
     algorithms = _algorithms(rows)
-    width = 0.27
-    for offset, (mode, colour) in enumerate(
-            (("layerwise", "tab:gray"), ("one", "tab:orange"), ("searched", "tab:blue"))):
+    styles = {"layerwise": ("layer-wise", "tab:gray"), "one": ("one group", "tab:orange"),
+              "searched": ("MergeComp", "tab:blue"),
+              "searched_single": ("MergeComp, single codec", "tab:cyan")}
+    modes = [m for m in styles if any(r["config"].get("partition") == m for r in rows)]
+    width = 0.8 / max(1, len(modes))
+    for offset, mode in enumerate(modes):
         values = []
         for algorithm in algorithms:
             match = [r for r in rows if r["config"].get("algorithm") == algorithm
                      and r["config"].get("partition") == mode]
             values.append(scale * (match[0].get(key) or 0) if match else 0)
-        label = {"layerwise": "layer-wise", "one": "one group", "searched": "MergeComp"}[mode]
-        ax.bar([i + (offset - 1) * width for i in range(len(algorithms))], values, width,
-               label=label, color=colour)
+        label, colour = styles[mode]
+        ax.bar([i + (offset - (len(modes) - 1) / 2) * width for i in range(len(algorithms))],
+               values, width, label=label, color=colour)
     for label, style in (("horovod fp32", "--"), ("horovod fp16", ":")):
         match = [r for r in rows if r["label"] == label and r.get(key)]
         if match:

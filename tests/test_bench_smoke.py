@@ -292,7 +292,8 @@ def test_batch_noise_and_peak_rss_reach_the_ratios():
     assert cells[9] == "4.8% / 10.0%"              # the batch noise next to the ratio
     assert cells[11] == "1600"
     assert ("- topk: within 3% of the better sentinel: met (2.4% slower); searched >= 1.3x "
-            "layer-wise: missed (0.976x); noise: topk layerwise "
+            "layer-wise: missed (0.976x); searched >= 0.97x the better Horovod (horovod fp32): "
+            "met (1.22x; Horovod's noise not measured); noise: topk layerwise "
             "measured twice differs by 4.8% in throughput, 10.0% in exchange") in text
     assert "Configs run in 2 batches" in text and "Peak RSS of a rank: 1600 MB" in text
     # The repeat is not a sentinel: layer-wise is the first measurement.
@@ -790,6 +791,14 @@ def test_the_search_note_gives_the_confirm_medians_and_the_paired_ratio():
     assert note.endswith("chosen 500.0 ms, one group 500.0 ms, layer-wise 600.0 ms), 4 extra "
                          "rounds on the leader, leader 2 groups unresolved (0.970 of one group): "
                          "one group kept")
+    # Plain Horovod among the candidates (no cuts), chosen
+    summary = {"choice": "plain Horovod", "leader": "plain Horovod", "candidates": [
+        {"splits": [], "measured_s": 0.5, "relative_to_one_group": 1.0},
+        {"splits": None, "plain_horovod": True, "measured_s": 0.45,
+         "relative_to_one_group": 0.9}]}
+    note = cluster.search_note({"search_on": "training"}, dict(row, search_summary=summary))
+    assert note.endswith("(interleaved medians: chosen 450.0 ms, one group 500.0 ms, plain "
+                         "Horovod 450.0 ms, chosen/one group in the same rounds 0.900)")
 
 
 @pytest.mark.multiworker
