@@ -235,10 +235,11 @@ extern "C" int mergecomp_grouped_matmul_gpu(const MergecompGpuMatrices* matrices
 extern "C" int mergecomp_powersgd_compensate_gpu(const MergecompPowersgdGpuGroup* group,
                                                  float* compensated, float* p, void* stream) {
   using namespace tf_mergecomp;  // NOLINT
-  if (!ValidGroup(group) || (group->residual && group->state == nullptr)) {
+  if (!ValidGroup(group)) return MERGECOMP_GPU_BAD_ARGUMENT;
+  const int64_t total = group->host_m_offsets[group->num_tensors];
+  if (total > 0 && (group->gradients == nullptr || (group->residual && group->state == nullptr))) {
     return MERGECOMP_GPU_BAD_ARGUMENT;
   }
-  const int64_t total = group->host_m_offsets[group->num_tensors];
   return gpu::LaunchOver(total, stream, CompensateKernel, *group, total, compensated, p);
 }
 
@@ -266,17 +267,18 @@ extern "C" int mergecomp_powersgd_finish_gpu(const MergecompPowersgdGpuGroup* gr
                                              const float* q_mean, const float* compensated,
                                              int32_t* nonfinite, void* stream) {
   using namespace tf_mergecomp;  // NOLINT
-  if (!ValidGroup(group) || group->outputs == nullptr ||
-      ((group->residual || group->host_q_size > 0) && group->state == nullptr)) {
-    return MERGECOMP_GPU_BAD_ARGUMENT;
-  }
+  if (!ValidGroup(group)) return MERGECOMP_GPU_BAD_ARGUMENT;
   const int64_t n = group->num_tensors;
   if (n == 0) return 0;
+  const int64_t total = group->host_m_offsets[n];
+  if ((total > 0 && group->outputs == nullptr) ||
+      (((group->residual && total > 0) || group->host_q_size > 0) && group->state == nullptr)) {
+    return MERGECOMP_GPU_BAD_ARGUMENT;
+  }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   NonfiniteKernel<<<MatrixBlocks(n), gpu::kThreads, 0, s>>>(*group, p, q_mean, nonfinite);
   int code = gpu::ErrorCode();
   if (code != 0) return code;
-  const int64_t total = group->host_m_offsets[n];
   code = gpu::LaunchOver(total, stream, FinishKernel, *group, total, p, q_local, q_mean,
                          compensated, static_cast<const int32_t*>(nonfinite));
   if (code != 0) return code;
