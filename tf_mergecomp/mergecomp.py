@@ -544,13 +544,12 @@ class MergeComp(tf.Module):
 
     def _state_device(self, gradients):
         """Where the compression state is created: with the gradients, where
-        their group ops run (GPU kernels in a CUDA build of the op library;
-        the plain-TF reference runs anywhere), so that a step copies no state
-        between device and host; on the host for ops with CPU kernels only
-        (PowerSGD's, or a CPU-only build)."""
+        their group ops run (every group op, PowerSGD's included, has GPU
+        kernels in a CUDA build of the op library; the plain-TF reference
+        runs anywhere), so that a step copies no state between device and
+        host; on the host when the op library has CPU kernels only."""
         codec = self.compressor
-        host_kernels_only = codec.reduces_own_groups or not _ops.build_info().get("cuda")
-        if codec.backend != reference.PLAIN_BACKEND and host_kernels_only:
+        if codec.backend != reference.PLAIN_BACKEND and not _ops.build_info().get("cuda"):
             return "/device:CPU:0"
         return gradients[0].device or None
 
