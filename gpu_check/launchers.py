@@ -42,7 +42,11 @@ SPARSE_SYMBOLS = [
     "mergecomp_dgc_encode_gpu", "mergecomp_randomk_workspace_bytes",
     "mergecomp_randomk_indices_gpu",
 ]
-POWERSGD_SYMBOLS = ["mergecomp_grouped_matmul_gpu"]
+POWERSGD_SYMBOLS = [
+    "mergecomp_grouped_matmul_gpu", "mergecomp_powersgd_compensate_gpu",
+    "mergecomp_powersgd_gather_q_gpu", "mergecomp_powersgd_orthonormalize_gpu",
+    "mergecomp_powersgd_finish_gpu",
+]
 EXPECTED_SYMBOLS = GROUP_SYMBOLS + DENSE_SYMBOLS + SPARSE_SYMBOLS + POWERSGD_SYMBOLS
 
 # The group codecs (the CPU GroupCodec registry's names).
@@ -139,6 +143,113 @@ class GpuMatrices(ctypes.Structure):
         (name, ctypes.c_void_p) for name in ("c_offsets", "m", "k", "r", "a_offsets", "b_offsets")]
 
 
+class PowersgdGpuGroup(ctypes.Structure):
+    """MergecompPowersgdGpuGroup (powersgd_gpu_launchers.h)."""
+    _fields_ = [("num_tensors", ctypes.c_int64), ("residual", ctypes.c_int32),
+                ("host_m_offsets", ctypes.POINTER(ctypes.c_int64)),
+                ("host_q_size", ctypes.c_int64)] + [
+        (name, ctypes.c_void_p) for name in ("m_offsets", "p_offsets", "q_offsets", "cols",
+                                             "ranks", "kinds", "gradients", "outputs", "state")]
+
+
+# Gradient dtypes as the PowerSGD launchers' kinds (0: float32; else MERGECOMP_CAST_*).
+CAST_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
+
+
+def powersgd_layout(shapes, rank):
+    """PowersgdGroupLayout (powersgd_op.h) of `shapes`: a dict of per-tensor
+    lists (size, low_rank, rows, cols, rank, m/p/q offsets) and the payload sizes."""
+    tensors, m_size, p_size, q_size = [], 0, 0, 0
+    for shape in shapes:
+        size = 1
+        for d in shape:
+            size *= int(d)
+        t = {"size": size, "low_rank": len(shape) >= 2 and size > 0, "rows": 0, "cols": 0,
+             "rank": 0, "m_offset": m_size, "p_offset": 0, "q_offset": 0}
+        if t["low_rank"]:
+            t["cols"] = int(shape[-1])
+            t["rows"] = size // t["cols"]
+            t["rank"] = min(rank, t["rows"], t["cols"])
+            t["p_offset"], t["q_offset"] = p_size, q_size
+            p_size += t["rows"] * t["rank"]
+            q_size += t["cols"] * t["rank"]
+        m_size += size
+        tensors.append(t)
+    for t in tensors:
+        if not t["low_rank"]:
+            t["p_offset"] = p_size
+            p_size += t["size"]
+    return {"tensors": tensors, "compensated": m_size, "p": p_size, "q": q_size}
+
+
+class DevicePowersgdGroup:
+    """powersgd_layout(shapes, rank) as MergecompPowersgdGpuGroup tables
+    (CuPy). gradients / outputs: lists of CuPy arrays (any of CAST_KINDS'
+    dtypes) or None; state: CuPy float32 arrays or None."""
+
+    def __init__(self, cp, shapes, rank, residual, gradients=None, outputs=None, state=None,
+                 dtypes=None):
+        import numpy as np
+
+        self.cp = cp
+        self.layout = layout = powersgd_layout(shapes, rank)
+        tensors = layout["tensors"]
+        n = len(tensors)
+        m_offsets = [t["m_offset"] for t in tensors] + [layout["compensated"]]
+        q_offsets, running = [], 0
+        for t in tensors:
+            q_offsets.append(t["q_offset"] if t["low_rank"] else running)
+            if t["low_rank"]:
+                running = t["q_offset"] + t["cols"] * t["rank"]
+        q_offsets.append(running)
+        dtypes = dtypes or ["float32"] * n
+        self._host_m = (ctypes.c_int64 * (n + 1))(*m_offsets)
+        self._keep = {}
+
+        def table(key, values, dtype=np.int64):
+            self._keep[key] = cp.asarray(np.asarray(values, dtype))
+            return self._keep[key].data.ptr
+
+        def pointers(key, arrays):
+            if arrays is None:
+                return None
+            return table(key, [a.data.ptr for a in arrays], np.uint64)
+
+        self.struct = PowersgdGpuGroup(
+            num_tensors=n, residual=int(bool(residual)),
+            host_m_offsets=ctypes.cast(self._host_m, ctypes.POINTER(ctypes.c_int64)),
+            host_q_size=layout["q"], m_offsets=table("m", m_offsets),
+            p_offsets=table("p", [t["p_offset"] for t in tensors]),
+            q_offsets=table("q", q_offsets), cols=table("cols", [t["cols"] for t in tensors]),
+            ranks=table("ranks", [t["rank"] for t in tensors]),
+            kinds=table("kinds", [CAST_KINDS[d] for d in dtypes]),
+            gradients=pointers("gradients", gradients), outputs=pointers("outputs", outputs),
+            state=pointers("state", state))
+
+    def matrices(self, product):
+        """GpuMatrices of the low-rank tensors for "p" (P_i = M_i Q_i, B the
+        packed Q) or "q_local" (Qlocal_i = M_i^T P_i, transpose_a)."""
+        import numpy as np
+
+        low = [t for t in self.layout["tensors"] if t["low_rank"]]
+        p = product == "p"
+        c_offsets = [t["p_offset"] if p else t["q_offset"] for t in low]
+        c_offsets.append(c_offsets[-1] + (low[-1]["rows"] if p else low[-1]["cols"])
+                         * low[-1]["rank"] if low else 0)
+        values = {"m": [t["rows"] if p else t["cols"] for t in low],
+                  "k": [t["cols"] if p else t["rows"] for t in low],
+                  "r": [t["rank"] for t in low], "a_offsets": [t["m_offset"] for t in low],
+                  "b_offsets": [t["q_offset"] if p else t["p_offset"] for t in low]}
+        tables = {name: self.cp.asarray(np.asarray(v + [0], np.int64))
+                  for name, v in values.items()}
+        tables["c_offsets"] = self.cp.asarray(np.asarray(c_offsets, np.int64))
+        host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
+        self._keep["matrices_" + product] = (tables, host)
+        return GpuMatrices(count=len(low),
+                           host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
+                           **{name: t.data.ptr for name, t in tables.items()})
+
+
 def load(path=DEFAULT_LIBRARY):
     """The library at `path` with argument and result types declared."""
     lib = ctypes.CDLL(str(path))
@@ -157,6 +268,12 @@ def load(path=DEFAULT_LIBRARY):
     lib.mergecomp_dense_scratch_bytes.restype = I64
     lib.mergecomp_grouped_matmul_gpu.argtypes = [ctypes.POINTER(GpuMatrices), P, INT, P, P, P]
     lib.mergecomp_grouped_matmul_gpu.restype = INT
+    psgd = ctypes.POINTER(PowersgdGpuGroup)
+    for name, args in (("compensate", [psgd, P, P, P]), ("gather_q", [psgd, P, P]),
+                       ("orthonormalize", [psgd, P, P]),
+                       ("finish", [psgd, P, P, P, P, P, P])):
+        fn = getattr(lib, "mergecomp_powersgd_%s_gpu" % name)
+        fn.argtypes, fn.restype = args, INT
     return lib
 
 

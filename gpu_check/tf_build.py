@@ -6,8 +6,10 @@ CUDA packages from PyPI, see the Makefile). It
 1. builds the op library with CUDA kernels (setup.py, TF_MERGECOMP_CUDA=1) into
    build/gpu-ops/, leaving the package's own (CPU) library alone;
 2. loads it into the CUDA TensorFlow in a fresh process (no GPU needed);
-3. reads TensorFlow's kernel registry: every group op must have a GPU kernel
-   for every gradient dtype its ``T`` attribute declares;
+3. reads TensorFlow's kernel registry: every group op (MergecompGroupEncode,
+   MergecompGroupDecode and PowerSGD's three) must have a GPU kernel for every
+   gradient dtype its ``T`` attribute declares (float32 for an op without
+   one); "CPU only:" lists those that do not, and must read "none";
 
 and prints one summary line (exit status 1 if anything is missing).
 
@@ -34,11 +36,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT_DIR = ROOT / "build" / "gpu-ops"
 
-# The ops that must have a GPU kernel for every dtype they declare, and those
-# that are still CPU-only (reported, not failed).
-GPU_OPS = ("MergecompGroupEncode", "MergecompGroupDecode")
-CPU_ONLY_OPS = ("MergecompPowersgdGroupP", "MergecompPowersgdGroupQ",
-                "MergecompPowersgdGroupFinish")
+# Every group op: each must have a GPU kernel for every dtype it declares
+# (an op without a ``T`` attribute, MergecompPowersgdGroupQ, takes float32
+# only). Any op missing one is listed under "CPU only" and fails the check.
+GPU_OPS = ("MergecompGroupEncode", "MergecompGroupDecode", "MergecompPowersgdGroupP",
+           "MergecompPowersgdGroupQ", "MergecompPowersgdGroupFinish")
 
 
 def _package_dir(name):
@@ -96,9 +98,10 @@ for name in json.loads(sys.argv[2]):
     if op_def is None:
         report["ops"][name] = None
         continue
+    typed = any(attr.name == "T" for attr in op_def.attr)
     declared = [tf.dtypes.as_dtype(t).name
                 for attr in op_def.attr if attr.name == "T"
-                for t in attr.allowed_values.list.type]
+                for t in attr.allowed_values.list.type] if typed else ["float32"]
     gpu = [k for k in kernels.get_registered_kernels_for_op(name).kernel if k.device_type == "GPU"]
     covered = set()
     for kernel in gpu:
@@ -117,7 +120,7 @@ print(json.dumps(report))
 
 
 def check(library):
-    ops = list(GPU_OPS + CPU_ONLY_OPS)
+    ops = list(GPU_OPS)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run([sys.executable, "-c", _CHECK, str(library), json.dumps(ops)],
                             capture_output=True, text=True, env=env)
@@ -128,7 +131,7 @@ def check(library):
 
 
 def summarise(report, library, seconds):
-    problems, covered = [], []
+    problems, covered, cpu_only = [], [], []
     for name in GPU_OPS:
         entry = report["ops"].get(name)
         if entry is None:
@@ -137,10 +140,12 @@ def summarise(report, library, seconds):
         missing = [t for t in entry["declared"] if t not in entry["gpu"]]
         if missing:
             problems.append("%s has no GPU kernel for %s" % (name, ",".join(missing)))
-        covered.append("%s[%s]" % (name, ",".join(entry["gpu"])))
-    cpu_only = [name for name in CPU_ONLY_OPS
-                if report["ops"].get(name) and "GPU" not in report["ops"][name]["devices"]]
-    status = "OK" if not problems and report["is_cuda_build"] else "FAILED"
+            cpu_only.append(name)
+        if entry["gpu"]:
+            covered.append("%s[%s]" % (name, ",".join(entry["gpu"])))
+    if not report["is_cuda_build"]:
+        problems.append("TensorFlow is not a CUDA build")
+    status = "OK" if not problems else "FAILED"
     line = ("gpu-build: %s: GPU kernels %s; CPU only: %s; TensorFlow %s (CUDA %s); %s; %.0f s%s"
             % (status, " ".join(covered), ",".join(cpu_only) or "none", report["tensorflow"],
                report["cuda_version"], os.path.relpath(library, ROOT), seconds,

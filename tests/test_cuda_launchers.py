@@ -368,3 +368,99 @@ def test_powersgd_products_match_numpy(lib):
     for m_i, p_i, q_i in zip(ms, ps, q_local):
         expected = (m_i.astype(np.float64).T @ p_i.astype(np.float64)).astype(np.float32)
         np.testing.assert_allclose(q_i, expected, rtol=1e-6, atol=1e-6)
+
+
+# ---- PowerSGD's group steps against the CPU ops -----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def powersgd_golden():
+    return np.load(ROOT / "tests" / "data" / "powersgd_golden.npz")
+
+
+def _assert_close(actual, expected, what, rtol=2e-5):
+    """Equal to float32 rounding (the GPU sums products in float64, Eigen in
+    float32): the same entries non-finite, the finite ones close, relative to
+    the largest magnitude."""
+    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    assert actual.shape == expected.shape, what
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(actual), finite, err_msg=what)
+    scale = max(1.0, float(np.abs(expected[finite]).max())) if finite.any() else 1.0
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=rtol, atol=rtol * scale,
+                               err_msg=what)
+
+
+def test_powersgd_steps_match_the_cpu_ops(lib, powersgd_golden):
+    """The P, Q and Finish steps of the PowerSGD launchers, each from the CPU
+    ops' inputs of that step (tests/data/powersgd_golden.npz: 2 workers,
+    mixed shapes, an all-zero matrix, with and without the residual, float16
+    gradients, a worker's non-finite tensor): the compensation and the raw
+    values exactly, the products, Gram-Schmidt, outputs and state to float32
+    rounding, the non-finite flags exactly."""
+    g = powersgd_golden
+    for case in json.loads(str(g["cases"])):
+        meta = json.loads(str(g[case + "__meta"]))
+        shapes = [tuple(s) for s in meta["shapes"]]
+        rank, residual, dtype = meta["rank"], meta["residual"], meta["dtype"]
+        layout = launchers.powersgd_layout(shapes, rank)
+        tensors = layout["tensors"]
+        sizes = [t["size"] for t in tensors]
+        state_sizes = [(t["size"] if residual else 0) + t["cols"] * t["rank"] for t in tensors]
+        raw = np.zeros(layout["p"], bool)
+        for t in tensors:
+            if not t["low_rank"]:
+                raw[t["p_offset"]:t["p_offset"] + t["size"]] = True
+        for w in range(meta["world"]):
+            what = "%s worker %d" % (case, w)
+            grads = [x.astype(dtype) for x in _split(g["%s__input%d" % (case, w)], sizes)]
+            state = _split(g["%s__state%d" % (case, w)], state_sizes)
+            outputs = [cp.zeros(n, dtype) for n in sizes]
+            group = launchers.DevicePowersgdGroup(cp, shapes, rank, residual, gradients=grads,
+                                                  outputs=outputs, state=state,
+                                                  dtypes=[dtype] * len(shapes))
+            m = cp.zeros(layout["compensated"], cp.float32)
+            p = cp.zeros(layout["p"], cp.float32)
+            q = cp.zeros(layout["q"], cp.float32)
+            _check(lib, lib.mergecomp_powersgd_gather_q_gpu(group.struct, q.data.ptr, None),
+                   "gather Q")
+            _check(lib, lib.mergecomp_powersgd_compensate_gpu(group.struct, m.data.ptr,
+                                                              p.data.ptr, None), "compensate")
+            _check(lib, lib.mergecomp_grouped_matmul_gpu(group.matrices("p"), m.data.ptr, 0,
+                                                         q.data.ptr, p.data.ptr, None), "P = M Q")
+            cp.cuda.runtime.deviceSynchronize()
+            np.testing.assert_array_equal(m.get(), g["%s__compensated%d" % (case, w)],
+                                          err_msg=what)
+            expected_p = g["%s__p%d" % (case, w)]
+            np.testing.assert_array_equal(p.get()[raw], expected_p[raw], err_msg=what)
+            _assert_close(p.get(), expected_p, what + ": P")
+
+            p_orthonormal = cp.asarray(g[case + "__p_mean"])
+            _check(lib, lib.mergecomp_powersgd_orthonormalize_gpu(
+                group.struct, p_orthonormal.data.ptr, None), "orthonormalize")
+            expected_orthonormal = g["%s__p_orthonormal%d" % (case, w)]
+            _assert_close(p_orthonormal.get(), expected_orthonormal, what + ": Gram-Schmidt")
+
+            golden_m = cp.asarray(g["%s__compensated%d" % (case, w)])
+            golden_orthonormal = cp.asarray(expected_orthonormal)
+            q_local = cp.zeros(layout["q"], cp.float32)
+            _check(lib, lib.mergecomp_grouped_matmul_gpu(
+                group.matrices("q_local"), golden_m.data.ptr, 1, golden_orthonormal.data.ptr,
+                q_local.data.ptr, None), "Qlocal = M^T P")
+            cp.cuda.runtime.deviceSynchronize()
+            _assert_close(q_local.get(), g["%s__q_local%d" % (case, w)], what + ": Qlocal")
+
+            nonfinite = cp.full(len(shapes), -1, cp.int32)
+            golden_q_local = cp.asarray(g["%s__q_local%d" % (case, w)])
+            q_mean = cp.asarray(g[case + "__q_mean"])
+            _check(lib, lib.mergecomp_powersgd_finish_gpu(
+                group.struct, golden_orthonormal.data.ptr, golden_q_local.data.ptr,
+                q_mean.data.ptr, golden_m.data.ptr, nonfinite.data.ptr, None), "finish")
+            cp.cuda.runtime.deviceSynchronize()
+            np.testing.assert_array_equal(nonfinite.get(), g["%s__nonfinite%d" % (case, w)],
+                                          err_msg=what)
+            out = np.concatenate([o.get().astype(np.float32) for o in outputs])
+            _assert_close(out, g["%s__output%d" % (case, w)], what + ": outputs",
+                          rtol=1e-3 if dtype == "float16" else 2e-5)
+            _assert_close(np.concatenate([s.get() for s in state]),
+                          g["%s__state_after%d" % (case, w)], what + ": state")

@@ -227,3 +227,22 @@ def test_a_memory_of_your_own_is_refused_with_a_fused_codec_and_runs_with_plain(
     flat = np.array([1.0, -2.0, 3.0, 0.5, -0.25], np.float32)
     sent = np.sign(flat) * np.abs(flat).mean()
     np.testing.assert_allclose(residual, 0.5 * (flat - sent), rtol=1e-6)
+
+
+def test_the_step_and_the_seeds_are_host_tensors():
+    """The encode kernels take `seed` in host memory on a GPU: the step
+    variable and the seeds computed from it are pinned to the host, so a
+    traced step on a GPU copies no seed from the device."""
+    mergecomp = MergeComp("qsgd")
+    assert "CPU" in mergecomp.step.device
+
+    class OneRank:
+        rank, size = 0, 1
+
+    @tf.function
+    def seed():
+        value = mergecomp._group_seed(mergecomp.step.read_value(), 0, OneRank())
+        assert "CPU" in value.op.device, value.op.device
+        return value
+
+    assert int(seed()) >= 0

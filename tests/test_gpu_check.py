@@ -75,3 +75,35 @@ def test_gpu_check_target_needs_no_venv():
     assert "python3 -m gpu_check.launchers" in commands
     assert "tests/test_cuda_launchers.py" in commands and "gpu_check.bench --out /tmp/gpu-out" in commands
     assert ".venv" not in commands and "pip" not in commands
+
+
+def _registry_report(gpu_for):
+    """A kernel-registry report (gpu_check.tf_build.check's form) where the ops
+    in gpu_for have GPU kernels for every declared dtype."""
+    from gpu_check import tf_build
+
+    floats = ["bfloat16", "float16", "float32", "float64"]
+    ops = {}
+    for name in tf_build.GPU_OPS:
+        declared = ["float32"] if name == "MergecompPowersgdGroupQ" else floats
+        gpu = name in gpu_for
+        ops[name] = {"declared": declared, "gpu": declared if gpu else [],
+                     "devices": ["CPU", "GPU"] if gpu else ["CPU"], "host_memory": []}
+    return {"tensorflow": "2.15.1", "is_cuda_build": True, "cuda_version": "12.2", "ops": ops}
+
+
+def test_gpu_build_summary_needs_a_gpu_kernel_for_every_group_op():
+    from gpu_check import tf_build
+
+    assert set(tf_build.GPU_OPS) == {
+        "MergecompGroupEncode", "MergecompGroupDecode", "MergecompPowersgdGroupP",
+        "MergecompPowersgdGroupQ", "MergecompPowersgdGroupFinish"}
+    library = ROOT / "build" / "gpu-ops" / "lib.so"
+    ok, line = tf_build.summarise(_registry_report(tf_build.GPU_OPS), library, 12.0)
+    assert ok and line.startswith("gpu-build: OK: ") and "; CPU only: none;" in line
+    assert "MergecompPowersgdGroupQ[float32]" in line
+    ok, line = tf_build.summarise(_registry_report(["MergecompGroupEncode"]), library, 12.0)
+    assert not ok and line.startswith("gpu-build: FAILED: ")
+    assert ("CPU only: MergecompGroupDecode,MergecompPowersgdGroupP,MergecompPowersgdGroupQ,"
+            "MergecompPowersgdGroupFinish;") in line
+    assert "MergecompPowersgdGroupQ has no GPU kernel for float32" in line

@@ -310,3 +310,20 @@ def test_reference_orthonormalize():
     expected = np.linalg.qr(matrix.numpy())[0]
     np.testing.assert_allclose(np.abs(q), np.abs(expected), atol=1e-5)
     np.testing.assert_array_equal(reference_orthonormalize(tf.zeros([5, 2])).numpy(), 0.0)
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu_library", "cuda_library"])
+def test_state_goes_with_the_gradients_when_the_library_has_gpu_kernels(monkeypatch, cuda):
+    """Every group op, PowerSGD's included, has GPU kernels in a CUDA build of
+    the library: the state is created on the gradients' device then; a
+    CPU-only library keeps it on the host."""
+    from tf_mergecomp import _ops
+
+    monkeypatch.setattr(_ops, "build_info", lambda: {"cuda": cuda})
+
+    class Placed:
+        device = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+    for name in ("powersgd", "efsignsgd"):
+        where = MergeComp(name)._state_device([Placed()])
+        assert where == (Placed.device if cuda else "/device:CPU:0"), name

@@ -18,10 +18,16 @@ memory none and with a residual kept in variables on each device:
 - decoding the CPU's rows of two workers gives the same gradients on both
   devices; the residuals after the step agree.
 
+PowerSGD's three group ops run on both devices on one rank (the allreduces
+the identity) for every gradient dtype, with and without the residual and a
+non-finite tensor: the same compensation and flags, the products,
+Gram-Schmidt, outputs and state to float32 rounding (the GPU sums products
+in float64, Eigen in float32), not bit for bit.
+
 Then a one-rank exchange of one group (encode, the identity collective of one
-rank, decode) runs on the GPU under TensorFlow's profiler: its trace must
-show no device-to-host copy and no host-to-device copy larger than the
-group's pointer tables.
+rank, decode; and PowerSGD's P, Q, Finish) runs on the GPU under
+TensorFlow's profiler: its trace must show no device-to-host copy and no
+host-to-device copy larger than the group's tables.
 """
 
 import glob
@@ -151,6 +157,85 @@ def test_gpu_group_decode_equals_cpu(name, dtype):
                                    rtol=1e-6, atol=1e-7, err_msg="%s tensor %d" % (name, i))
 
 
+# ---- PowerSGD's group ops ---------------------------------------------------------------
+
+PSGD_SHAPES = [(33, 8), (), (0,), (17,), (1, 40), (40, 1), (2, 3, 4), (0, 7), (64, 64)]
+PSGD_RANK = 2
+# One ulp of the output dtype, relative: the GPU sums the products in float64,
+# Eigen in float32, so a value may round to the neighbouring one.
+OUTPUT_RTOL = {"float32": 2e-5, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+def _powersgd_step(device, values, dtype, residual):
+    """The three PowerSGD ops on one rank (the allreduces are the identity):
+    every intermediate, the outputs (float64), flags and state after."""
+    from gpu_check.launchers import powersgd_layout
+
+    layout = powersgd_layout(PSGD_SHAPES, PSGD_RANK)["tensors"]
+    initial = []
+    for i, t in enumerate(layout):
+        q = np.random.RandomState(50 + i).standard_normal(t["cols"] * t["rank"])
+        initial.append(np.concatenate([np.full(t["size"] if residual else 0, 0.25), q])
+                       .astype(np.float32))
+    ops = _ops.load()
+    with tf.device(device):
+        grads = [tf.cast(tf.constant(v), dtype) for v in values]
+        state = [tf.Variable(v) for v in initial]
+        handles = [v.handle for v in state]
+        p, m = ops.mergecomp_powersgd_group_p(grads, handles, rank=PSGD_RANK, residual=residual)
+        p_orthonormal, q_local = ops.mergecomp_powersgd_group_q(p, m, shapes=PSGD_SHAPES,
+                                                                rank=PSGD_RANK)
+        outputs, flags = ops.mergecomp_powersgd_group_finish(
+            p_orthonormal, q_local, q_local, m, handles, T=[dtype] * len(PSGD_SHAPES),
+            shapes=PSGD_SHAPES, rank=PSGD_RANK, residual=residual)
+    return {"p": p.numpy(), "compensated": m.numpy(), "p_orthonormal": p_orthonormal.numpy(),
+            "q_local": q_local.numpy(), "flags": flags.numpy(),
+            "outputs": [np.asarray(tf.cast(o, tf.float64).numpy()) for o in outputs],
+            "dtypes": [o.dtype for o in outputs], "state": [v.numpy() for v in state]}
+
+
+def _assert_close(actual, expected, what, rtol=2e-5):
+    """To float32 rounding: the same entries non-finite, the finite ones close
+    relative to the largest magnitude."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, what
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.isfinite(actual), finite, err_msg=what)
+    scale = max(1.0, float(np.abs(expected[finite]).max())) if finite.any() else 1.0
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=rtol, atol=rtol * scale,
+                               err_msg=what)
+
+
+@pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
+@pytest.mark.parametrize("dtype", DTYPES + (tf.float64,), ids=lambda d: d.name)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_gpu_powersgd_group_equals_cpu(residual, dtype, nonfinite):
+    """MergecompPowersgdGroupP / Q / Finish on the GPU against the CPU, one
+    rank, mixed shapes (empty, scalar, 1 x n, n x 1, rank 3): the same
+    compensation, flags and dtypes; products, Gram-Schmidt, outputs and state
+    to float32 rounding (float64 sums on the GPU), not bit for bit."""
+    rng = np.random.RandomState(11)
+    values = [rng.standard_t(3, size=shape).astype(np.float32) for shape in PSGD_SHAPES]
+    if nonfinite:
+        values[0].flat[3] = np.inf
+    cpu = _powersgd_step("/CPU:0", values, dtype, residual)
+    gpu = _powersgd_step("/GPU:0", values, dtype, residual)
+    np.testing.assert_array_equal(gpu["flags"], cpu["flags"])
+    assert gpu["flags"][0] == int(nonfinite) and not gpu["flags"][1:].any()
+    assert gpu["dtypes"] == cpu["dtypes"]
+    np.testing.assert_array_equal(gpu["compensated"], cpu["compensated"])
+    for key in ("p", "p_orthonormal", "q_local"):
+        _assert_close(gpu[key], cpu[key], key)
+    for i, (c, g) in enumerate(zip(cpu["outputs"], gpu["outputs"])):
+        assert c.shape == g.shape, i
+        if nonfinite and i == 0:
+            assert np.isnan(g).all() and np.isnan(c).all()
+            continue
+        _assert_close(g, c, "output %d" % i, rtol=OUTPUT_RTOL.get(dtype.name, 2e-5))
+    for i, (c, g) in enumerate(zip(cpu["state"], gpu["state"])):
+        _assert_close(g, c, "state %d" % i)
+
+
 def _memcpy_events(logdir):
     """(kind, bytes) of every memcpy in the profiler's device trace."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
@@ -211,6 +296,41 @@ def test_one_group_exchange_on_one_rank_copies_nothing_to_the_host(tmp_path):
     tf.profiler.experimental.stop()
     copies = _memcpy_events(str(tmp_path))
     table_bytes = 8 * (5 * len(shapes) + 1)
+    assert not [c for c in copies if "DtoH" in c[0] or "DeviceToHost" in c[0]], copies
+    large = [c for c in copies if ("HtoD" in c[0] or "HostToDevice" in c[0])
+             and (c[1] is None or c[1] > table_bytes)]
+    assert not large, copies
+
+
+def test_powersgd_one_group_on_one_rank_copies_nothing_to_the_host(tmp_path):
+    shapes = [(256, 128), (128,), (0,), (64, 64, 3)]
+    from gpu_check.launchers import powersgd_layout
+
+    layout = powersgd_layout(shapes, PSGD_RANK)["tensors"]
+    with tf.device("/GPU:0"):
+        grads = [tf.random.normal(s) for s in shapes]
+        state = [tf.Variable(tf.random.normal([t["size"] + t["cols"] * t["rank"]]))
+                 for t in layout]
+    ops = _ops.load()
+    handles = [v.handle for v in state]
+
+    @tf.function
+    def step():
+        with tf.device("/GPU:0"):
+            p, m = ops.mergecomp_powersgd_group_p(grads, handles, rank=PSGD_RANK, residual=True)
+            p, q_local = ops.mergecomp_powersgd_group_q(p, m, shapes=shapes, rank=PSGD_RANK)
+            outputs, _ = ops.mergecomp_powersgd_group_finish(
+                p, q_local, q_local, m, handles, T=[tf.float32] * len(shapes), shapes=shapes,
+                rank=PSGD_RANK, residual=True)
+            return [tf.reduce_sum(o) for o in outputs]
+
+    step()
+    tf.profiler.experimental.start(str(tmp_path))
+    step()
+    tf.profiler.experimental.stop()
+    copies = _memcpy_events(str(tmp_path))
+    # The largest tables: P's, 9 words per tensor and 6 per matrix, plus 3.
+    table_bytes = 8 * (15 * len(shapes) + 3)
     assert not [c for c in copies if "DtoH" in c[0] or "DeviceToHost" in c[0]], copies
     large = [c for c in copies if ("HtoD" in c[0] or "HostToDevice" in c[0])
              and (c[1] is None or c[1] > table_bytes)]

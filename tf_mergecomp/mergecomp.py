@@ -157,7 +157,10 @@ class MergeComp(tf.Module):
         self._layout = None
         self._state = None
         self._eager_reduce = None
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        # On the host: the seeds are computed from it there, so the encode
+        # kernels' host `seed` input needs no device-to-host copy on a GPU.
+        with tf.device("/device:CPU:0"):
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.collectives_executed = tf.Variable(
             0, dtype=tf.int64, trainable=False, name="collectives_executed"
         )
@@ -373,7 +376,7 @@ class MergeComp(tf.Module):
             guards = consistency.check_ranks_agree(description, communicator.process_set)
             if not guards:
                 self._agreed_description = description
-        state = self.state_variables()
+        state = self.state_variables(self._state_device(dense))
         self.rank_state.reconcile_if_needed(communicator)
         with tf.control_dependencies(guards):
             flush = plain_groups.StateFlush(self.memory, state, dense)
@@ -414,7 +417,8 @@ class MergeComp(tf.Module):
         self.rank_state.reconcile_if_needed(communicator)
         # Steps wrap after 2**24 (the draws then repeat) rather than run into
         # the user seed's bits.
-        step = self.step.read_value() % _STEP_LIMIT
+        with tf.device("/device:CPU:0"):
+            step = self.step.read_value() % _STEP_LIMIT
         reduced = [None] * len(order)
         nonfinite = []
         with tf.control_dependencies(guards):
@@ -433,10 +437,14 @@ class MergeComp(tf.Module):
                         outputs = [o * communicator.size for o in outputs]
                     reduced[start:end] = outputs
                     nonfinite.append(flags)
+        # The flags as int64, which TensorFlow's GPU kernels keep on the device
+        # (its int32 tensors live in host memory): gathered and reduced where
+        # the group ops ran, so one int64 per step reaches the host step.
+        nonfinite = [tf.cast(flags, tf.int64) for flags in nonfinite]
         nonfinite = tf.concat(nonfinite, 0) if len(nonfinite) > 1 else nonfinite[0]
         # A step with a non-finite gradient on any rank does not count, so
         # every rank keeps drawing what it would have drawn without it.
-        self.step.assign_add(1 - tf.cast(tf.reduce_any(nonfinite > 0), tf.int64))
+        self.step.assign_add(1 - tf.cast(tf.reduce_max(nonfinite) > 0, tf.int64))
         if self.nonfinite == "raise":
             reduced = _raise_if_nonfinite(reduced, nonfinite, [names[i] for i in order])
         out = [None] * len(grads)
@@ -447,7 +455,9 @@ class MergeComp(tf.Module):
     def _group_seed(self, step, start, communicator):
         worker = 0 if self.compressor.shared_seed else communicator.rank + 1
         constant = (start << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
-        return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
+        # A host scalar, as the encode kernels take it (HostMemory on the GPU).
+        with tf.device("/device:CPU:0"):
+            return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
 
     def reduce_group(self, grads, communicator, step=0, start=0, index=0, codec=None):
         """Reduces one group on its own: ``grads`` are gradient tensors
@@ -544,13 +554,12 @@ class MergeComp(tf.Module):
 
     def _state_device(self, gradients):
         """Where the compression state is created: with the gradients, where
-        their group ops run (GPU kernels in a CUDA build of the op library;
-        the plain-TF reference runs anywhere), so that a step copies no state
-        between device and host; on the host for ops with CPU kernels only
-        (PowerSGD's, or a CPU-only build)."""
+        their group ops run (every group op, PowerSGD's included, has GPU
+        kernels in a CUDA build of the op library; the plain-TF reference
+        runs anywhere), so that a step copies no state between device and
+        host; on the host when the op library has CPU kernels only."""
         codec = self.compressor
-        host_kernels_only = codec.reduces_own_groups or not _ops.build_info().get("cuda")
-        if codec.backend != reference.PLAIN_BACKEND and host_kernels_only:
+        if codec.backend != reference.PLAIN_BACKEND and not _ops.build_info().get("cuda"):
             return "/device:CPU:0"
         return gradients[0].device or None
 

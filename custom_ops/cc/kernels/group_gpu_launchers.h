@@ -20,9 +20,8 @@
 //
 // Codecs: the CPU registry's group codecs "none", "fp16", "signsgd" (SIGNUM =
 // signsgd with memory momentum), "onebit", "efsignsgd", "qsgd", "terngrad",
-// "topk", "dgc", "randomk", with any memory. PowerSGD is not a group codec
-// (its own ops, CPU only); its per-tensor products have a grouped launcher of
-// their own (powersgd_gpu_launchers.h).
+// "topk", "dgc", "randomk", with any memory. PowerSGD is not a group codec:
+// its own group ops have launchers of their own (powersgd_gpu_launchers.h).
 #ifndef TF_MERGECOMP_GROUP_GPU_LAUNCHERS_H_
 #define TF_MERGECOMP_GROUP_GPU_LAUNCHERS_H_
 

@@ -14,9 +14,9 @@
 //                  s = decode(own payload) per element, state written once);
 //           sparse: compensation into one float32 group buffer (and the state)
 //                  -> selection on it (topk/dgc: the single-buffer selection;
-//                  randomk: one selection per tensor, k_i of n_i, which is the
-//                  one per-tensor launch set left) -> state correction at the
-//                  sent slots only.
+//                  randomk: every tensor's selection, k_i of n_i, at once, one
+//                  launch per radix pass over the group) -> state correction
+//                  at the sent slots only.
 //   decode  markers -> flags; dense: one pass over the group combining every
 //           row; sparse: fill, one scatter per row (worker order, as the CPU
 //           adds), finish (divide, NaN for marked tensors).
@@ -427,18 +427,228 @@ __global__ void CorrectSentKernel(DeviceGroup group, DeviceMemory memory, int64_
   });
 }
 
-// Random-k's emission for tensor i: its position in the group's flat space
-// and the compensated value there.
-struct RandomkEmit {
-  const float* p;
-  int64_t offset;
-  float* values;
-  int32_t* positions;
-  __device__ void operator()(int64_t i, long long position) const {
-    positions[position] = static_cast<int32_t>(offset + i);
-    values[position] = p[offset + i];
+// ---- random-k: the selections of every tensor of the group at once ----------------
+//
+// The single-buffer selection (sparse_select_gpu.cu.h: three radix passes
+// for the threshold, then per-chunk counts, a serial split of the ties and
+// the emission in index order) run for all tensors together, each pass one
+// launch over the group: tensor t (k_t > 0) selects k_t of its n_t elements
+// by the keys RandomBits(TensorSeed(seed, t), i), i local to the tensor, the
+// CPU's draw. Per tensor: a SelectState and a histogram of kMaxBins counts
+// (global atomics); chunks of gpu_select::kChunk elements never straddle two
+// tensors, so each chunk's block emits into its tensor's slots in index
+// order, as the per-tensor launches did.
+constexpr int64_t kSelectAlign = 256;
+inline int64_t SelectAligned(int64_t bytes) {
+  return (bytes + kSelectAlign - 1) / kSelectAlign * kSelectAlign;
+}
+
+struct RandomkSelect {
+  gpu_select::SelectState* state;  // [num_tensors]
+  uint32_t* histogram;             // [num_tensors][kMaxBins]
+  int64_t* chunk_base;             // [num_tensors + 1]: tensor t's first chunk
+  int64_t* slot_base;              // [num_tensors]: tensor t's first slot
+  long long* greater;              // [chunks] per chunk
+  long long* ties;
+  long long* start;                // [chunks]: the chunk's first slot in the group
+};
+
+__host__ __device__ inline int64_t RandomkChunks(int64_t size) {
+  return (size + gpu_select::kChunk - 1) / gpu_select::kChunk;
+}
+
+inline int64_t RandomkSelectBytes(int64_t num_tensors, int64_t chunks) {
+  return SelectAligned(sizeof(gpu_select::SelectState) * num_tensors) +
+         SelectAligned(sizeof(uint32_t) * gpu_select::kMaxBins * num_tensors) +
+         SelectAligned(8 * (num_tensors + 1)) + SelectAligned(8 * num_tensors) + 3 * SelectAligned(8 * (chunks + 1));
+}
+
+RandomkSelect CarveRandomkSelect(void* base, int64_t num_tensors, int64_t chunks) {
+  char* p = static_cast<char*>(base);
+  RandomkSelect ws;
+  ws.state = reinterpret_cast<gpu_select::SelectState*>(p);
+  p += SelectAligned(sizeof(gpu_select::SelectState) * num_tensors);
+  ws.histogram = reinterpret_cast<uint32_t*>(p);
+  p += SelectAligned(sizeof(uint32_t) * gpu_select::kMaxBins * num_tensors);
+  ws.chunk_base = reinterpret_cast<int64_t*>(p);
+  p += SelectAligned(8 * (num_tensors + 1));
+  ws.slot_base = reinterpret_cast<int64_t*>(p);
+  p += SelectAligned(8 * num_tensors);
+  ws.greater = reinterpret_cast<long long*>(p);
+  p += SelectAligned(8 * (chunks + 1));
+  ws.ties = reinterpret_cast<long long*>(p);
+  p += SelectAligned(8 * (chunks + 1));
+  ws.start = reinterpret_cast<long long*>(p);
+  return ws;
+}
+
+// One thread: the chunk and slot bases (prefix sums over the tensors).
+__global__ void RandomkTablesKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
+  int64_t chunks = 0, slots = 0;
+  for (int64_t t = 0; t < group.num_tensors; ++t) {
+    ws.chunk_base[t] = chunks;
+    ws.slot_base[t] = slots;
+    if (tensor_k[t] > 0) chunks += RandomkChunks(group.offsets[t + 1] - group.offsets[t]);
+    slots += tensor_k[t];
+  }
+  ws.chunk_base[group.num_tensors] = chunks;
+}
+
+// One block per tensor: the threshold search's state and a zero histogram.
+__global__ void RandomkInitKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
+  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
+    if (threadIdx.x == 0) {
+      ws.state[t].prefix = 0;
+      ws.state[t].prefix_mask = 0;
+      ws.state[t].remaining = tensor_k[t];
+    }
+    uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
+    for (int b = threadIdx.x; b < gpu_select::kMaxBins; b += blockDim.x) histogram[b] = 0;
+  }
+}
+
+__global__ void RandomkHistogramKernel(DeviceGroup group, const int64_t* tensor_k, int64_t seed,
+                                       RandomkSelect ws, int shift, int bins) {
+  Cursor tensor;
+  int64_t current = -1;
+  SeedKey key{};
+  uint32_t prefix = 0, prefix_mask = 0;
+  const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
+  gpu::ForEachIndex(group.total, [&](int64_t e) {
+    tensor.Seek(group, e);
+    const int64_t t = tensor.t;
+    if (tensor_k[t] == 0) return;
+    if (t != current) {
+      current = t;
+      key = MakeSeedKey(TensorSeed(seed, t));
+      prefix = ws.state[t].prefix;
+      prefix_mask = ws.state[t].prefix_mask;
+    }
+    const uint32_t bits = RandomBits(key, static_cast<uint32_t>(e - tensor.begin));
+    if ((bits & prefix_mask) == prefix) {
+      atomicAdd(&ws.histogram[t * gpu_select::kMaxBins + ((bits >> shift) & digit_mask)], 1u);
+    }
+  });
+}
+
+// One thread per tensor: gpu_select::ChooseDigitKernel on the tensor's histogram.
+__global__ void RandomkChooseDigitKernel(DeviceGroup group, const int64_t* tensor_k,
+                                         RandomkSelect ws, int shift, int bins) {
+  gpu::ForEachIndex(group.num_tensors, [&](int64_t t) {
+    if (tensor_k[t] == 0) return;
+    uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
+    long long remaining = ws.state[t].remaining;
+    int chosen = 0;
+    for (int b = bins - 1; b >= 0; --b) {
+      const long long count = histogram[b];
+      if (count >= remaining) {
+        chosen = b;
+        break;
+      }
+      remaining -= count;
+    }
+    for (int b = 0; b < bins; ++b) histogram[b] = 0;
+    ws.state[t].remaining = remaining;
+    ws.state[t].prefix |= static_cast<uint32_t>(chosen) << shift;
+    ws.state[t].prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+  });
+}
+
+// The tensor of chunk `chunk` and the chunk's element range in it.
+struct RandomkChunk {
+  int64_t t, begin, end;
+  __device__ RandomkChunk(DeviceGroup group, const RandomkSelect& ws, int64_t chunk) {
+    t = gpu::SegmentAt(ws.chunk_base, group.num_tensors, chunk);
+    const int64_t size = group.offsets[t + 1] - group.offsets[t];
+    begin = (chunk - ws.chunk_base[t]) * gpu_select::kChunk;
+    end = begin + gpu_select::kChunk < size ? begin + gpu_select::kChunk : size;
   }
 };
+
+// One block per chunk (gpu_select::CountChunksKernel).
+__global__ void RandomkCountKernel(DeviceGroup group, int64_t seed, RandomkSelect ws) {
+  __shared__ unsigned long long gt, eq;
+  if (threadIdx.x == 0) gt = eq = 0;
+  __syncthreads();
+  const RandomkChunk chunk(group, ws, blockIdx.x);
+  const SeedKey key = MakeSeedKey(TensorSeed(seed, chunk.t));
+  const uint32_t threshold = ws.state[chunk.t].prefix;
+  unsigned long long my_gt = 0, my_eq = 0;
+  for (int64_t i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
+    const uint32_t bits = RandomBits(key, static_cast<uint32_t>(i));
+    my_gt += bits > threshold;
+    my_eq += bits == threshold;
+  }
+  atomicAdd(&gt, my_gt);
+  atomicAdd(&eq, my_eq);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ws.greater[blockIdx.x] = static_cast<long long>(gt);
+    ws.ties[blockIdx.x] = static_cast<long long>(eq);
+  }
+}
+
+// One thread per tensor: the serial split of its ties over its chunks
+// (gpu_select::ScanChunksKernel), starts in the group's slots.
+__global__ void RandomkScanKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
+  gpu::ForEachIndex(group.num_tensors, [&](int64_t t) {
+    if (tensor_k[t] == 0) return;
+    long long ties_left = ws.state[t].remaining;
+    long long position = ws.slot_base[t];
+    for (int64_t c = ws.chunk_base[t]; c < ws.chunk_base[t + 1]; ++c) {
+      const long long take = ws.ties[c] < ties_left ? ws.ties[c] : ties_left;
+      ties_left -= take;
+      ws.ties[c] = take;
+      ws.start[c] = position;
+      position += ws.greater[c] + take;
+    }
+  });
+}
+
+// One block per chunk (gpu_select::EmitKernel): values and group positions
+// at the chunk's slots, in index order.
+__global__ void RandomkEmitKernel(DeviceGroup group, int64_t seed, RandomkSelect ws,
+                                  const float* p, float* values, int32_t* positions) {
+  __shared__ int scratch[gpu_select::kThreads];
+  const RandomkChunk chunk(group, ws, blockIdx.x);
+  const SeedKey key = MakeSeedKey(TensorSeed(seed, chunk.t));
+  const uint32_t threshold = ws.state[chunk.t].prefix;
+  const int64_t first = chunk.begin + static_cast<int64_t>(threadIdx.x) * gpu_select::kItemsPerThread;
+  uint32_t keys[gpu_select::kItemsPerThread];
+  int my_eq = 0;
+  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
+    const int64_t i = first + j;
+    keys[j] = i < chunk.end ? RandomBits(key, static_cast<uint32_t>(i)) : 0u;
+    my_eq += (i < chunk.end && keys[j] == threshold);
+  }
+  const int eq_before = gpu_select::BlockInclusiveSum(my_eq, scratch) - my_eq;
+  const long long ties_here = ws.ties[blockIdx.x];
+  int my_selected = 0, eq_seen = 0;
+  bool take[gpu_select::kItemsPerThread];
+  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
+    const int64_t i = first + j;
+    bool t = false;
+    if (i < chunk.end) {
+      if (keys[j] > threshold) {
+        t = true;
+      } else if (keys[j] == threshold) {
+        t = eq_before + eq_seen < ties_here;
+        ++eq_seen;
+      }
+    }
+    take[j] = t;
+    my_selected += t;
+  }
+  long long position =
+      ws.start[blockIdx.x] + gpu_select::BlockInclusiveSum(my_selected, scratch) - my_selected;
+  const int64_t offset = group.offsets[chunk.t];
+  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
+    if (!take[j]) continue;
+    positions[position] = static_cast<int32_t>(offset + first + j);
+    values[position] = p[offset + first + j];
+    ++position;
+  }
+}
 
 // ---- decode ------------------------------------------------------------------
 
@@ -569,6 +779,7 @@ struct Checked {
   int64_t row_bytes;
   int64_t context_size;
   int64_t max_size;
+  int64_t random_chunks;  // randomk: selection chunks of the tensors with k_i > 0
 };
 
 // Validates the arguments; false for anything the launchers cannot run.
@@ -588,6 +799,7 @@ bool Check(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, Check
   out->total = group->host_offsets[group->num_tensors];
   const int64_t n = out->total;
   out->context_size = 0;
+  out->random_chunks = 0;
   switch (out->codec) {
     case kNone: out->payload_bytes = payload_size::None(n); break;
     case kFp16: out->payload_bytes = payload_size::Fp16(n); break;
@@ -610,8 +822,10 @@ bool Check(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, Check
       int64_t slots = 0;
       for (int64_t t = 0; t < group->num_tensors; ++t) {
         const int64_t k = codec->host_tensor_k[t];
-        if (k < 0 || k > group->host_offsets[t + 1] - group->host_offsets[t]) return false;
+        const int64_t size = group->host_offsets[t + 1] - group->host_offsets[t];
+        if (k < 0 || k > size) return false;
         slots += k;
+        if (k > 0) out->random_chunks += RandomkChunks(size);
       }
       out->context_size = slots;
       out->payload_bytes = payload_size::Randomk(slots);
@@ -628,7 +842,7 @@ int64_t SelectBytes(const MergecompGpuCodec* codec, const Checked& c) {
     case kTopk: return static_cast<int64_t>(mergecomp_topk_workspace_bytes(c.total));
     case kDgc:
       return static_cast<int64_t>(mergecomp_dgc_workspace_bytes(c.total, codec->sample_size));
-    case kRandomk: return static_cast<int64_t>(gpu_select::WorkspaceBytes(c.max_size));
+    case kRandomk: return RandomkSelectBytes(c.num_tensors, c.random_chunks);
     default: return 0;
   }
 }
@@ -680,6 +894,36 @@ int EncodeDense(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup gr
   return gpu::LaunchOver(items, stream, CodesKernel<kCodec>, group, memory, params, row);
 }
 
+// Random-k's selections of the whole group (the kernels above): the chunk
+// and slot tables, then per radix pass one histogram launch over the group
+// and one digit choice per tensor, then the chunk counts, the ties' split
+// and the emission; writes values and positions at every tensor's slots.
+int SelectRandomk(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
+                  const Workspace& ws, int64_t seed, float* values, int32_t* positions,
+                  cudaStream_t stream) {
+  if (c.random_chunks == 0) return 0;  // no tensor draws anything
+  const RandomkSelect select = CarveRandomkSelect(ws.select, c.num_tensors, c.random_chunks);
+  const int64_t* tensor_k = codec->tensor_k;
+  const int tensor_blocks = static_cast<int>(c.num_tensors < 65535 ? c.num_tensors : 65535);
+  const unsigned chunks = static_cast<unsigned>(c.random_chunks);
+  RandomkTablesKernel<<<1, 1, 0, stream>>>(group, tensor_k, select);
+  RandomkInitKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select);
+  for (int pass = 0; pass < 3; ++pass) {
+    const int bins = 1 << gpu_select::kDigitBitsGpu[pass];
+    const int shift = gpu_select::kDigitShiftGpu[pass];
+    RandomkHistogramKernel<<<gpu::GridFor(c.total), kThreads, 0, stream>>>(group, tensor_k, seed,
+                                                                          select, shift, bins);
+    RandomkChooseDigitKernel<<<gpu::GridFor(c.num_tensors), kThreads, 0, stream>>>(
+        group, tensor_k, select, shift, bins);
+  }
+  RandomkCountKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select);
+  RandomkScanKernel<<<gpu::GridFor(c.num_tensors), kThreads, 0, stream>>>(group, tensor_k,
+                                                                         select);
+  RandomkEmitKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select, ws.p,
+                                                                 values, positions);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_group,
                  const Checked& c, DeviceGroup group, DeviceMemory memory, const Workspace& ws,
                  int64_t seed, uint8_t* row, int32_t* codec_context, cudaStream_t stream) {
@@ -699,24 +943,12 @@ int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_g
     slots = codec->k;
     indices = reinterpret_cast<const int32_t*>(row + 4 * slots);
   } else {
-    // One selection per tensor (k_i of n_i, seed TensorSeed(seed, i)), as the
-    // CPU draws; the only pass still launched per tensor.
-    float* out_values = reinterpret_cast<float*>(row);
-    for (int64_t t = 0; t < c.num_tensors; ++t) {
-      const int64_t k = codec->host_tensor_k[t];
-      const int64_t offset = host_group->host_offsets[t];
-      const int64_t n = host_group->host_offsets[t + 1] - offset;
-      if (k > 0) {
-        gpu_select::Workspace select(ws.select, n);
-        gpu_select::RandomBitsKey key{MakeSeedKey(TensorSeed(seed, t))};
-        gpu_select::LaunchSelect(n, k, key, select, stream);
-        gpu_select::LaunchEmit(n, key,
-                               RandomkEmit{ws.p, offset, out_values + slots, codec_context + slots},
-                               select, stream);
-        MERGECOMP_RETURN_IF_ERROR(cudaGetLastError());
-      }
-      slots += k;
-    }
+    // Every tensor's selection (k_i of n_i, seed TensorSeed(seed, i)), as the
+    // CPU draws, in one launch per pass over the group.
+    MERGECOMP_RETURN_IF_ERROR(SelectRandomk(codec, c, group, ws, seed,
+                                            reinterpret_cast<float*>(row), codec_context,
+                                            stream));
+    slots = c.context_size;
     indices = codec_context;
   }
   if (memory.kind != MERGECOMP_MEMORY_RESIDUAL && memory.kind != MERGECOMP_MEMORY_DGC) return 0;
