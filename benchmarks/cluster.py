@@ -549,11 +549,13 @@ def _plain_choice_verdicts(searched, single, horovod):
         relative = searched["images_per_s"] / single["images_per_s"]
         verdicts.append("searched / searched_single: %sx%s" % (
             report.fmt(relative), _uncertainty_text(paired_uncertainty(searched, single))))
-    choice = searched.get("group_codecs")
+    choice = searched.get("group_codecs") or ()
     if searched.get("plain_horovod"):
         verdicts.append("chose plain Horovod")
-    elif choice:
+    elif any(codec != searched["config"]["algorithm"] for codec in choice):
         verdicts.append("group codecs %s" % ",".join(choice))
+    elif choice:
+        verdicts.append("no group plain")
     return verdicts
 
 

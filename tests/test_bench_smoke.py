@@ -395,6 +395,10 @@ def test_the_per_group_choice_is_judged_against_horovod_and_the_single_codec_sea
                   group_codecs=["topk", "none"])
     line = cluster.target_lines({"workers": 2, "rows": horovod + [slower, single]}, None)[0]
     assert "(horovod fp32): missed (0.950x" in line and "group codecs topk,none" in line
+    compressed = dict(searched, plain_horovod=False, group_codecs=["topk", "topk"])
+    line = cluster.target_lines({"workers": 2, "rows": horovod + [compressed]}, None)[0]
+    assert line.endswith("met (0.980x; Horovod's noise not measured); no group plain; "
+                         "noise not measured")
     # only what was measured is judged
     alone = cluster.target_lines({"workers": 2, "rows": [searched]}, None)
     assert alone == ["topk: chose plain Horovod; noise not measured"]
