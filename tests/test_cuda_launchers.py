@@ -28,6 +28,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from gpu_check import launchers  # noqa: E402  (after the CuPy skip)
+from tests._close import assert_close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 5003
@@ -380,15 +381,8 @@ def powersgd_golden():
 
 def _assert_close(actual, expected, what, rtol=2e-5):
     """Equal to float32 rounding (the GPU sums products in float64, Eigen in
-    float32): the same entries non-finite, the finite ones close, relative to
-    the largest magnitude."""
-    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
-    assert actual.shape == expected.shape, what
-    finite = np.isfinite(expected)
-    np.testing.assert_array_equal(np.isfinite(actual), finite, err_msg=what)
-    scale = max(1.0, float(np.abs(expected[finite]).max())) if finite.any() else 1.0
-    np.testing.assert_allclose(actual[finite], expected[finite], rtol=rtol, atol=rtol * scale,
-                               err_msg=what)
+    float32), compared as float32."""
+    assert_close(actual, expected, what, rtol=rtol, dtype=np.float32)
 
 
 def test_powersgd_steps_match_the_cpu_ops(lib, powersgd_golden):

@@ -40,6 +40,7 @@ import tensorflow as tf
 pytest.importorskip("horovod", reason="tf_mergecomp needs Horovod (a full venv: make setup)")
 
 from tf_mergecomp import _ops, compressors  # noqa: E402
+from tests._close import assert_close  # noqa: E402
 
 GROUP_CODECS = ("none", "fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad",
                 "topk", "dgc", "randomk")
@@ -194,18 +195,6 @@ def _powersgd_step(device, values, dtype, residual):
             "dtypes": [o.dtype for o in outputs], "state": [v.numpy() for v in state]}
 
 
-def _assert_close(actual, expected, what, rtol=2e-5):
-    """To float32 rounding: the same entries non-finite, the finite ones close
-    relative to the largest magnitude."""
-    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
-    assert actual.shape == expected.shape, what
-    finite = np.isfinite(expected)
-    np.testing.assert_array_equal(np.isfinite(actual), finite, err_msg=what)
-    scale = max(1.0, float(np.abs(expected[finite]).max())) if finite.any() else 1.0
-    np.testing.assert_allclose(actual[finite], expected[finite], rtol=rtol, atol=rtol * scale,
-                               err_msg=what)
-
-
 @pytest.mark.parametrize("nonfinite", [False, True], ids=["finite", "nonfinite"])
 @pytest.mark.parametrize("dtype", DTYPES + (tf.float64,), ids=lambda d: d.name)
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
@@ -225,15 +214,15 @@ def test_gpu_powersgd_group_equals_cpu(residual, dtype, nonfinite):
     assert gpu["dtypes"] == cpu["dtypes"]
     np.testing.assert_array_equal(gpu["compensated"], cpu["compensated"])
     for key in ("p", "p_orthonormal", "q_local"):
-        _assert_close(gpu[key], cpu[key], key)
+        assert_close(gpu[key], cpu[key], key)
     for i, (c, g) in enumerate(zip(cpu["outputs"], gpu["outputs"])):
         assert c.shape == g.shape, i
         if nonfinite and i == 0:
             assert np.isnan(g).all() and np.isnan(c).all()
             continue
-        _assert_close(g, c, "output %d" % i, rtol=OUTPUT_RTOL.get(dtype.name, 2e-5))
+        assert_close(g, c, "output %d" % i, rtol=OUTPUT_RTOL.get(dtype.name, 2e-5))
     for i, (c, g) in enumerate(zip(cpu["state"], gpu["state"])):
-        _assert_close(g, c, "state %d" % i)
+        assert_close(g, c, "state %d" % i)
 
 
 def _memcpy_events(logdir):
@@ -265,6 +254,21 @@ def _memcpy_events(logdir):
     return copies
 
 
+def _assert_copies_only_tables(tmp_path, step, table_bytes, *args):
+    """Runs step(*args) once to trace and warm it up, then once under the
+    profiler: no copy to the host, and none to the device larger than the
+    step's tables (table_bytes)."""
+    step(*args)  # traced and warmed up outside the trace
+    tf.profiler.experimental.start(str(tmp_path))
+    step(*args)
+    tf.profiler.experimental.stop()
+    copies = _memcpy_events(str(tmp_path))
+    assert not [c for c in copies if "DtoH" in c[0] or "DeviceToHost" in c[0]], copies
+    large = [c for c in copies if ("HtoD" in c[0] or "HostToDevice" in c[0])
+             and (c[1] is None or c[1] > table_bytes)]
+    assert not large, copies
+
+
 def test_one_group_exchange_on_one_rank_copies_nothing_to_the_host(tmp_path):
     codec = _codec("efsignsgd")
     shapes = [(256, 128), (128,), (0,), (64, 64, 3)]
@@ -290,16 +294,7 @@ def test_one_group_exchange_on_one_rank_copies_nothing_to_the_host(tmp_path):
 
     with tf.device("/CPU:0"):
         seed = tf.constant(3, tf.int64)
-    step(seed)  # traced and warmed up outside the trace
-    tf.profiler.experimental.start(str(tmp_path))
-    step(seed)
-    tf.profiler.experimental.stop()
-    copies = _memcpy_events(str(tmp_path))
-    table_bytes = 8 * (5 * len(shapes) + 1)
-    assert not [c for c in copies if "DtoH" in c[0] or "DeviceToHost" in c[0]], copies
-    large = [c for c in copies if ("HtoD" in c[0] or "HostToDevice" in c[0])
-             and (c[1] is None or c[1] > table_bytes)]
-    assert not large, copies
+    _assert_copies_only_tables(tmp_path, step, 8 * (5 * len(shapes) + 1), seed)
 
 
 def test_powersgd_one_group_on_one_rank_copies_nothing_to_the_host(tmp_path):
@@ -324,14 +319,5 @@ def test_powersgd_one_group_on_one_rank_copies_nothing_to_the_host(tmp_path):
                 rank=PSGD_RANK, residual=True)
             return [tf.reduce_sum(o) for o in outputs]
 
-    step()
-    tf.profiler.experimental.start(str(tmp_path))
-    step()
-    tf.profiler.experimental.stop()
-    copies = _memcpy_events(str(tmp_path))
     # The largest tables: P's, 9 words per tensor and 6 per matrix, plus 3.
-    table_bytes = 8 * (15 * len(shapes) + 3)
-    assert not [c for c in copies if "DtoH" in c[0] or "DeviceToHost" in c[0]], copies
-    large = [c for c in copies if ("HtoD" in c[0] or "HostToDevice" in c[0])
-             and (c[1] is None or c[1] > table_bytes)]
-    assert not large, copies
+    _assert_copies_only_tables(tmp_path, step, 8 * (15 * len(shapes) + 3))

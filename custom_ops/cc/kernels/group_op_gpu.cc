@@ -17,13 +17,11 @@
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "cc/kernels/gpu_op_support.h"
 #include "cc/kernels/group_gpu_launchers.h"
 #include "cc/kernels/state_variables.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -33,24 +31,6 @@
 
 namespace tf_mergecomp {
 namespace {
-
-using tensorflow::AllocatorAttributes;
-using tensorflow::DataType;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Status;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-
-cudaStream_t StreamOf(OpKernelContext* context) {
-  return context->eigen_device<Eigen::GpuDevice>().stream();
-}
-
-Status LauncherStatus(const char* what, int code) {
-  if (code == 0) return tensorflow::OkStatus();
-  return tensorflow::errors::Internal(what, ": ", mergecomp_group_error_string(code));
-}
 
 // The float dtypes' codes of the cast launchers (group_cast_gpu.cu.cc).
 int CastKind(DataType dtype) {
@@ -62,73 +42,38 @@ int CastKind(DataType dtype) {
   }
 }
 
-// One step's device tables, built on the host and copied with one
-// asynchronous copy: int64 offsets[n + 1], int64 tensor_k[n], then three
-// tables of n device pointers (inputs, outputs, state).
+// One step's device tables (gpu_op_support.h's PinnedTables): int64
+// offsets[n + 1], int64 tensor_k[n], then three tables of n device pointers
+// (inputs, outputs, state).
 class DeviceTables {
  public:
-  DeviceTables(int64_t num_tensors) : n_(num_tensors) {}
+  explicit DeviceTables(int64_t num_tensors)
+      : tables_("the group's tables"),
+        offsets_(tables_.Reserve(num_tensors + 1)),
+        tensor_k_(tables_.Reserve(num_tensors)),
+        inputs_(tables_.Reserve(num_tensors)),
+        outputs_(tables_.Reserve(num_tensors)),
+        state_(tables_.Reserve(num_tensors)) {}
 
-  Status Allocate(OpKernelContext* context) {
-    const int64_t bytes = Bytes();
-    AllocatorAttributes pinned;
-    pinned.set_on_host(true);
-    pinned.set_gpu_compatible(true);
-    TF_RETURN_IF_ERROR(context->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &host_,
-                                              pinned));
-    TF_RETURN_IF_ERROR(
-        context->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &device_));
-    memset(host_.data(), 0, bytes);
-    return tensorflow::OkStatus();
-  }
+  Status Allocate(OpKernelContext* context) { return tables_.Allocate(context); }
 
-  int64_t* host_offsets() { return Host<int64_t>(0); }
-  int64_t* host_tensor_k() { return Host<int64_t>(n_ + 1); }
-  void set_input(int64_t i, const float* p) { Host<const float*>(2 * n_ + 1)[i] = p; }
-  void set_output(int64_t i, float* p) { Host<float*>(3 * n_ + 1)[i] = p; }
-  void set_state(int64_t i, float* p) { Host<float*>(4 * n_ + 1)[i] = p; }
+  int64_t* host_offsets() { return tables_.host(offsets_); }
+  int64_t* host_tensor_k() { return tables_.host(tensor_k_); }
+  void set_input(int64_t i, const float* p) { tables_.set_pointer(inputs_ + i, p); }
+  void set_output(int64_t i, float* p) { tables_.set_pointer(outputs_ + i, p); }
+  void set_state(int64_t i, float* p) { tables_.set_pointer(state_ + i, p); }
 
-  const int64_t* offsets() const { return Device<const int64_t>(0); }
-  const int64_t* tensor_k() const { return Device<const int64_t>(n_ + 1); }
-  const float* const* inputs() const { return Device<const float* const>(2 * n_ + 1); }
-  float* const* outputs() const { return Device<float* const>(3 * n_ + 1); }
-  float* const* state() const { return Device<float* const>(4 * n_ + 1); }
+  const int64_t* offsets() const { return tables_.device<const int64_t>(offsets_); }
+  const int64_t* tensor_k() const { return tables_.device<const int64_t>(tensor_k_); }
+  const float* const* inputs() const { return tables_.device<const float* const>(inputs_); }
+  float* const* outputs() const { return tables_.device<float* const>(outputs_); }
+  float* const* state() const { return tables_.device<float* const>(state_); }
 
-  // Queues the copy to the device on the stream; the pinned buffer is held
-  // until the stream has passed it.
-  Status CopyToDevice(cudaStream_t stream) {
-    const cudaError_t copied = cudaMemcpyAsync(device_.data(), host_.data(), Bytes(),
-                                               cudaMemcpyHostToDevice, stream);
-    if (copied != cudaSuccess) {
-      return tensorflow::errors::Internal("copying the group's tables to the device: ",
-                                          cudaGetErrorString(copied));
-    }
-    auto* held = new Tensor(host_);
-    const cudaError_t queued = cudaLaunchHostFunc(
-        stream, [](void* tensor) { delete static_cast<Tensor*>(tensor); }, held);
-    if (queued != cudaSuccess) {
-      // The callback never runs: keep the buffer rather than free it under the copy.
-      return tensorflow::errors::Internal("queueing the release of the group's tables: ",
-                                          cudaGetErrorString(queued));
-    }
-    return tensorflow::OkStatus();
-  }
+  Status CopyToDevice(cudaStream_t stream) { return tables_.CopyToDevice(stream); }
 
  private:
-  int64_t Bytes() const { return 8 * (5 * n_ + 1); }
-  template <typename T>
-  T* Host(int64_t word) {
-    return reinterpret_cast<T*>(static_cast<char*>(host_.data()) + 8 * word);
-  }
-  template <typename T>
-  T* Device(int64_t word) const {
-    return reinterpret_cast<T*>(static_cast<char*>(const_cast<Tensor&>(device_).data()) +
-                                8 * word);
-  }
-
-  int64_t n_;
-  Tensor host_;
-  Tensor device_;
+  PinnedTables tables_;
+  int64_t offsets_, tensor_k_, inputs_, outputs_, state_;
 };
 
 // The ops' codec attributes as the launchers take them.
@@ -236,14 +181,7 @@ class GroupEncodeGpuOp : public OpKernel {
       state_sizes.push_back(buffers * (offsets[i + 1] - offsets[i]));
     }
     LockedStateVariables state;
-    const LockedStateVariables::DeviceCopy copy = [stream](void* to, const void* from,
-                                                           size_t bytes) {
-      const cudaError_t error =
-          cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream);
-      return error == cudaSuccess ? tensorflow::OkStatus()
-                                  : tensorflow::errors::Internal("copying a state variable: ",
-                                                                 cudaGetErrorString(error));
-    };
+    const LockedStateVariables::DeviceCopy copy = DeviceCopyOn(stream);
     OP_REQUIRES_OK(context, state.Acquire(context, state_sizes,
                                           "the memory's buffers of the tensor, back to back",
                                           /*exclusive=*/true, &copy));

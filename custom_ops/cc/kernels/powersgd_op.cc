@@ -128,86 +128,28 @@ void Orthonormalize(float* p, int64_t rows, int64_t rank) {
   }
 }
 
-// Locks the group's state variables (powersgd_op.h's layout); the engine
-// may pass none when no tensor of the group keeps anything.
-Status AcquireState(OpKernelContext* context, const PowersgdGroupLayout& layout, bool residual,
-                    bool exclusive, LockedStateVariables* state) {
-  std::vector<int64_t> sizes;
-  int64_t total = 0;
-  for (int64_t i = 0; i < layout.num_tensors(); ++i) {
-    sizes.push_back(layout.state_size(i, residual));
-    total += sizes.back();
-  }
-  int first, end;
-  TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
-  if (total == 0 && end == first) sizes.clear();
-  return state->Acquire(context, sizes,
-                        residual ? "the residual, then Q: cols x rank" : "Q: cols x rank",
-                        exclusive);
-}
-
-// The layout from the `shapes` attribute of the Q and Finish ops.
-Status LayoutFromShapesAttr(OpKernelConstruction* context, int64_t rank,
-                            std::vector<TensorShape>* shapes,
-                            std::unique_ptr<PowersgdGroupLayout>* layout) {
-  std::vector<tensorflow::PartialTensorShape> partial;
-  TF_RETURN_IF_ERROR(context->GetAttr("shapes", &partial));
-  std::vector<std::vector<int64_t>> dims;
-  for (const auto& shape : partial) {
-    TensorShape full;
-    if (!shape.AsTensorShape(&full)) {
-      return tensorflow::errors::InvalidArgument("shapes must be fully defined, got ",
-                                                 shape.DebugString());
-    }
-    shapes->push_back(full);
-    const auto sizes = full.dim_sizes();
-    dims.emplace_back(sizes.begin(), sizes.end());
-  }
-  layout->reset(new PowersgdGroupLayout(dims, rank));
-  return tensorflow::OkStatus();
-}
-
-Status CheckFlat(const Tensor& tensor, const char* name, int64_t expected) {
-  if (tensor.dims() != 1 || tensor.NumElements() != expected) {
-    return tensorflow::errors::InvalidArgument(name, " must be a vector of ", expected,
-                                               " floats for this group, got shape ",
-                                               tensor.shape().DebugString());
-  }
-  return tensorflow::OkStatus();
-}
-
-class PowersgdGroupPOp : public OpKernel {
+class PowersgdGroupPOp : public PowersgdKernel<PowersgdPAttrs> {
  public:
-  explicit PowersgdGroupPOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
     tensorflow::OpInputList gradients;
     OP_REQUIRES_OK(context, context->input_list("gradients", &gradients));
-    std::vector<std::vector<int64_t>> dims;
-    for (const Tensor& g : gradients) {
-      const auto sizes = g.shape().dim_sizes();
-      dims.emplace_back(sizes.begin(), sizes.end());
-    }
-    const PowersgdGroupLayout layout(dims, rank_);
+    const PowersgdGroupLayout layout(PowersgdGradientDims(gradients), attrs_.rank);
     LockedStateVariables state;
-    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/false, &state));
+    OP_REQUIRES_OK(context, PowersgdAcquireState(context, layout, attrs_.residual,
+                                                 /*exclusive=*/false, &state));
 
     Tensor* p_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({layout.p_payload_size()}),
-                                                     &p_tensor));
     Tensor* m_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                1, TensorShape({layout.compensated_size()}), &m_tensor));
+    OP_REQUIRES_OK(context, PowersgdAllocatePOutputs(context, layout, &p_tensor, &m_tensor));
     float* p = p_tensor->flat<float>().data();
     float* m = m_tensor->flat<float>().data();
 
     // M = g (+ e) over elements [begin, end) of tensor i.
     auto compensate = [&](int64_t i, int64_t begin, int64_t end) {
       float* out = m + layout.tensor(i).m_offset;
-      const float* e = residual_ ? state.buffer(i) : nullptr;
+      const float* e = attrs_.residual ? state.buffer(i) : nullptr;
       DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
         using T = decltype(type_tag);
         const T* g = static_cast<const T*>(gradients[i].data());
@@ -221,12 +163,12 @@ class PowersgdGroupPOp : public OpKernel {
 
     // Low-rank tensors, by blocks of rows: the block of M, then its rows of
     // P_i = M_i Q_i while the block is still in cache.
-    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 2 * rank_ + 3,
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 2 * attrs_.rank + 3,
                  [&](const Chunk& c) {
                    const PowersgdTensor& t = layout.tensor(c.tensor);
                    compensate(c.tensor, c.begin * t.cols, c.end * t.cols);
                    const float* q = state.buffer(c.tensor) +
-                                    layout.q_state_offset(c.tensor, residual_);
+                                    layout.q_state_offset(c.tensor, attrs_.residual);
                    const int64_t rows = c.end - c.begin;
                    MatrixMap(p + t.p_offset + c.begin * t.rank, rows, t.rank).noalias() =
                        ConstMatrixMap(m + t.m_offset + c.begin * t.cols, rows, t.cols) *
@@ -242,31 +184,19 @@ class PowersgdGroupPOp : public OpKernel {
                   sizeof(float) * (c.end - c.begin));
     });
   }
-
- private:
-  int64_t rank_ = 1;
-  bool residual_ = false;
 };
 
-class PowersgdGroupQOp : public OpKernel {
+class PowersgdGroupQOp : public PowersgdKernel<PowersgdShapesAttrs> {
  public:
-  explicit PowersgdGroupQOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    std::vector<TensorShape> shapes;
-    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes, &layout_));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
-    const PowersgdGroupLayout& layout = *layout_;
+    const PowersgdGroupLayout& layout = *attrs_.layout;
     const Tensor& p_mean = context->input(0);
     const Tensor& compensated = context->input(1);
-    OP_REQUIRES_OK(context, CheckFlat(p_mean, "p_mean", layout.p_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(compensated, "compensated", layout.compensated_size()));
     Tensor* p_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, p_mean.shape(), &p_tensor));
     Tensor* q_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({layout.q_payload_size()}),
-                                                     &q_tensor));
+    OP_REQUIRES_OK(context, PowersgdQInputsAndOutputs(context, layout, &p_tensor, &q_tensor));
     float* p = p_tensor->flat<float>().data();
     float* q = q_tensor->flat<float>().data();
     const float* m = compensated.flat<float>().data();
@@ -280,7 +210,7 @@ class PowersgdGroupQOp : public OpKernel {
     });
 
     // Qlocal_i = M_i^T P_i, by blocks of columns.
-    ForEachChunk(context, MakeChunks(layout, ChunkOver::kColumns), 2 * rank_,
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kColumns), 2 * attrs_.rank,
                  [&](const Chunk& c) {
                    const PowersgdTensor& t = layout.tensor(c.tensor);
                    const int64_t cols = c.end - c.begin;
@@ -291,42 +221,26 @@ class PowersgdGroupQOp : public OpKernel {
                        ConstMatrixMap(p + t.p_offset, t.rows, t.rank);
                  });
   }
-
- private:
-  int64_t rank_ = 1;
-  std::unique_ptr<PowersgdGroupLayout> layout_;
 };
 
-class PowersgdGroupFinishOp : public OpKernel {
+class PowersgdGroupFinishOp : public PowersgdKernel<PowersgdFinishAttrs> {
  public:
-  explicit PowersgdGroupFinishOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
-    OP_REQUIRES_OK(context, context->GetAttr("T", &dtypes_));
-    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes_, &layout_));
-    OP_REQUIRES(context, shapes_.size() == dtypes_.size(),
-                tensorflow::errors::InvalidArgument("shapes and T must have the same length, got ",
-                                                    shapes_.size(), " and ", dtypes_.size()));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
-    const PowersgdGroupLayout& layout = *layout_;
+    const PowersgdGroupLayout& layout = *attrs_.layout;
     const Tensor& p_tensor = context->input(0);
     const Tensor& q_local_tensor = context->input(1);
     const Tensor& q_mean_tensor = context->input(2);
     const Tensor& m_tensor = context->input(3);
-    OP_REQUIRES_OK(context, CheckFlat(p_tensor, "p_orthonormal", layout.p_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(q_local_tensor, "q_local", layout.q_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(q_mean_tensor, "q_mean", layout.q_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(m_tensor, "compensated", layout.compensated_size()));
+    OP_REQUIRES_OK(context, PowersgdCheckFinishInputs(context, layout));
     LockedStateVariables state;
-    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/true, &state));
-    tensorflow::OpOutputList outputs;
-    OP_REQUIRES_OK(context, context->output_list("gradients", &outputs));
-    std::vector<Tensor*> out(shapes_.size());
-    for (size_t i = 0; i < shapes_.size(); ++i) {
-      OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &out[i]));
-    }
+    OP_REQUIRES_OK(context, PowersgdAcquireState(context, layout, attrs_.residual,
+                                                 /*exclusive=*/true, &state));
+    std::vector<Tensor*> out;
+    Tensor* nonfinite_tensor = nullptr;
+    OP_REQUIRES_OK(context,
+                   PowersgdAllocateFinishOutputs(context, attrs_, &out, &nonfinite_tensor));
     const float* p = p_tensor.flat<float>().data();
     const float* q_local = q_local_tensor.flat<float>().data();
     const float* q_mean = q_mean_tensor.flat<float>().data();
@@ -335,39 +249,36 @@ class PowersgdGroupFinishOp : public OpKernel {
     // A tensor that some worker could not send finitely has a non-finite
     // averaged P_i (or Qmean_i), the same on every worker: its output is all
     // NaN and its residual and Q stay as they were.
-    Tensor* nonfinite_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output("nonfinite",
-                                                     TensorShape({layout.num_tensors()}),
-                                                     &nonfinite_tensor));
     auto nonfinite = nonfinite_tensor->flat<int32_t>();
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       const PowersgdTensor& t = layout.tensor(i);
-      const int64_t p_size = t.low_rank ? t.rows * t.rank : shapes_[i].num_elements();
+      const int64_t p_size = t.low_rank ? t.rows * t.rank : attrs_.shapes[i].num_elements();
       const bool finite = AllFinite(p + t.p_offset, 0, p_size) &&
                           (!t.low_rank || AllFinite(q_mean + t.q_offset, 0, t.cols * t.rank));
       nonfinite(i) = finite ? 0 : 1;
     }
 
     // Low-rank tensors, by blocks of rows: out = P Qmean^T, e = M - P Qlocal^T.
-    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 4 * rank_, [&](const Chunk& c) {
+    const int64_t rank = attrs_.rank;
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 4 * rank, [&](const Chunk& c) {
       const int64_t i = c.tensor;
       const PowersgdTensor& t = layout.tensor(i);
       const int64_t rows = c.end - c.begin;
       const ConstMatrixMap p_block(p + t.p_offset + c.begin * t.rank, rows, t.rank);
-      if (dtypes_[i] == tensorflow::DT_FLOAT) {
+      if (attrs_.dtypes[i] == tensorflow::DT_FLOAT) {
         MatrixMap(out[i]->flat<float>().data() + c.begin * t.cols, rows, t.cols).noalias() =
             p_block * ConstMatrixMap(q_mean + t.q_offset, t.cols, t.rank).transpose();
       } else {
         MatrixMap product(ThreadScratch(rows * t.cols), rows, t.cols);
         product.noalias() = p_block * ConstMatrixMap(q_mean + t.q_offset, t.cols, t.rank).transpose();
-        DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+        DispatchFloatType(attrs_.dtypes[i], [&](auto type_tag) {
           using T = decltype(type_tag);
           T* target = static_cast<T*>(out[i]->data()) + c.begin * t.cols;
           const float* source = product.data();
           for (int64_t j = 0; j < rows * t.cols; ++j) target[j] = static_cast<T>(source[j]);
         });
       }
-      if (residual_ && !nonfinite(i)) {
+      if (attrs_.residual && !nonfinite(i)) {
         // What this worker sent, in cache, then e = M - sent.
         MatrixMap sent(ThreadScratch(rows * t.cols), rows, t.cols);
         sent.noalias() = p_block * ConstMatrixMap(q_local + t.q_offset, t.cols, t.rank).transpose();
@@ -381,12 +292,12 @@ class PowersgdGroupFinishOp : public OpKernel {
       const int64_t i = c.tensor;
       const PowersgdTensor& t = layout.tensor(i);
       if (t.low_rank) return;
-      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+      DispatchFloatType(attrs_.dtypes[i], [&](auto type_tag) {
         using T = decltype(type_tag);
         T* target = static_cast<T*>(out[i]->data());
         for (int64_t j = c.begin; j < c.end; ++j) target[j] = static_cast<T>(p[t.p_offset + j]);
       });
-      if (residual_ && !nonfinite(i)) {
+      if (attrs_.residual && !nonfinite(i)) {
         float* e = state.buffer(i);
         const float* values = m + t.m_offset;
         for (int64_t j = c.begin; j < c.end; ++j) e[j] = values[j] - values[j];
@@ -397,12 +308,12 @@ class PowersgdGroupFinishOp : public OpKernel {
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       const PowersgdTensor& t = layout.tensor(i);
       if (!t.low_rank || nonfinite(i)) continue;
-      std::memcpy(state.buffer(i) + layout.q_state_offset(i, residual_), q_mean + t.q_offset,
+      std::memcpy(state.buffer(i) + layout.q_state_offset(i, attrs_.residual), q_mean + t.q_offset,
                   sizeof(float) * t.cols * t.rank);
     }
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       if (!nonfinite(i)) continue;
-      DispatchFloatType(dtypes_[i], [&](auto type_tag) {
+      DispatchFloatType(attrs_.dtypes[i], [&](auto type_tag) {
         using T = decltype(type_tag);
         T* values = static_cast<T*>(out[i]->data());
         std::fill(values, values + out[i]->NumElements(),
@@ -410,16 +321,124 @@ class PowersgdGroupFinishOp : public OpKernel {
       });
     }
   }
-
- private:
-  int64_t rank_ = 1;
-  bool residual_ = false;
-  tensorflow::DataTypeVector dtypes_;
-  std::vector<TensorShape> shapes_;
-  std::unique_ptr<PowersgdGroupLayout> layout_;
 };
 
 }  // namespace
+
+std::vector<std::vector<int64_t>> PowersgdGradientDims(const tensorflow::OpInputList& gradients) {
+  std::vector<std::vector<int64_t>> dims;
+  for (const Tensor& g : gradients) {
+    const auto sizes = g.shape().dim_sizes();
+    dims.emplace_back(sizes.begin(), sizes.end());
+  }
+  return dims;
+}
+
+Status PowersgdPAttrs::Read(OpKernelConstruction* context) {
+  TF_RETURN_IF_ERROR(context->GetAttr("rank", &rank));
+  return context->GetAttr("residual", &residual);
+}
+
+Status PowersgdShapesAttrs::Read(OpKernelConstruction* context) {
+  TF_RETURN_IF_ERROR(context->GetAttr("rank", &rank));
+  return ReadShapes(context);
+}
+
+Status PowersgdShapesAttrs::ReadShapes(OpKernelConstruction* context) {
+  std::vector<tensorflow::PartialTensorShape> partial;
+  TF_RETURN_IF_ERROR(context->GetAttr("shapes", &partial));
+  std::vector<std::vector<int64_t>> dims;
+  for (const auto& shape : partial) {
+    TensorShape full;
+    if (!shape.AsTensorShape(&full)) {
+      return tensorflow::errors::InvalidArgument("shapes must be fully defined, got ",
+                                                 shape.DebugString());
+    }
+    shapes.push_back(full);
+    const auto sizes = full.dim_sizes();
+    dims.emplace_back(sizes.begin(), sizes.end());
+  }
+  layout.reset(new PowersgdGroupLayout(dims, rank));
+  return tensorflow::OkStatus();
+}
+
+Status PowersgdFinishAttrs::Read(OpKernelConstruction* context) {
+  TF_RETURN_IF_ERROR(context->GetAttr("rank", &rank));
+  TF_RETURN_IF_ERROR(context->GetAttr("residual", &residual));
+  tensorflow::DataTypeVector types;
+  TF_RETURN_IF_ERROR(context->GetAttr("T", &types));
+  dtypes.assign(types.begin(), types.end());
+  TF_RETURN_IF_ERROR(ReadShapes(context));
+  if (shapes.size() != dtypes.size()) {
+    return tensorflow::errors::InvalidArgument("shapes and T must have the same length, got ",
+                                               shapes.size(), " and ", dtypes.size());
+  }
+  return tensorflow::OkStatus();
+}
+
+namespace {
+
+Status CheckFlat(const Tensor& tensor, const char* name, int64_t expected) {
+  if (tensor.dims() != 1 || tensor.NumElements() != expected) {
+    return tensorflow::errors::InvalidArgument(name, " must be a vector of ", expected,
+                                               " floats for this group, got shape ",
+                                               tensor.shape().DebugString());
+  }
+  return tensorflow::OkStatus();
+}
+
+}  // namespace
+
+Status PowersgdAllocatePOutputs(OpKernelContext* context, const PowersgdGroupLayout& layout,
+                                Tensor** p, Tensor** m) {
+  TF_RETURN_IF_ERROR(context->allocate_output(0, TensorShape({layout.p_payload_size()}), p));
+  return context->allocate_output(1, TensorShape({layout.compensated_size()}), m);
+}
+
+Status PowersgdQInputsAndOutputs(OpKernelContext* context, const PowersgdGroupLayout& layout,
+                                 Tensor** p, Tensor** q) {
+  const Tensor& p_mean = context->input(0);
+  TF_RETURN_IF_ERROR(CheckFlat(p_mean, "p_mean", layout.p_payload_size()));
+  TF_RETURN_IF_ERROR(CheckFlat(context->input(1), "compensated", layout.compensated_size()));
+  TF_RETURN_IF_ERROR(context->allocate_output(0, p_mean.shape(), p));
+  return context->allocate_output(1, TensorShape({layout.q_payload_size()}), q);
+}
+
+Status PowersgdCheckFinishInputs(OpKernelContext* context, const PowersgdGroupLayout& layout) {
+  TF_RETURN_IF_ERROR(CheckFlat(context->input(0), "p_orthonormal", layout.p_payload_size()));
+  TF_RETURN_IF_ERROR(CheckFlat(context->input(1), "q_local", layout.q_payload_size()));
+  TF_RETURN_IF_ERROR(CheckFlat(context->input(2), "q_mean", layout.q_payload_size()));
+  return CheckFlat(context->input(3), "compensated", layout.compensated_size());
+}
+
+Status PowersgdAllocateFinishOutputs(OpKernelContext* context, const PowersgdShapesAttrs& attrs,
+                                     std::vector<Tensor*>* gradients, Tensor** nonfinite) {
+  tensorflow::OpOutputList outputs;
+  TF_RETURN_IF_ERROR(context->output_list("gradients", &outputs));
+  gradients->assign(attrs.shapes.size(), nullptr);
+  for (size_t i = 0; i < attrs.shapes.size(); ++i) {
+    TF_RETURN_IF_ERROR(outputs.allocate(i, attrs.shapes[i], &(*gradients)[i]));
+  }
+  return context->allocate_output("nonfinite", TensorShape({attrs.layout->num_tensors()}),
+                                  nonfinite);
+}
+
+Status PowersgdAcquireState(OpKernelContext* context, const PowersgdGroupLayout& layout,
+                            bool residual, bool exclusive, LockedStateVariables* state,
+                            const LockedStateVariables::DeviceCopy* copy) {
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+  for (int64_t i = 0; i < layout.num_tensors(); ++i) {
+    sizes.push_back(layout.state_size(i, residual));
+    total += sizes.back();
+  }
+  int first, end;
+  TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
+  if (total == 0 && end == first) sizes.clear();
+  return state->Acquire(context, sizes,
+                        residual ? "the residual, then Q: cols x rank" : "Q: cols x rank",
+                        exclusive, copy);
+}
 
 REGISTER_KERNEL_BUILDER(Name("MergecompPowersgdGroupP").Device(tensorflow::DEVICE_CPU),
                         PowersgdGroupPOp);

@@ -27,7 +27,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
+
+#include "cc/kernels/state_variables.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
 
 namespace tf_mergecomp {
 
@@ -101,6 +108,86 @@ class PowersgdGroupLayout {
   int64_t p_size_with_values_ = 0;
   int64_t q_size_ = 0;
 };
+
+// What the CPU kernels (powersgd_op.cc) and the GPU kernels
+// (powersgd_op_gpu.cc) share around the layout; defined in powersgd_op.cc,
+// which every build compiles.
+
+// Every gradient's dimensions, as PowersgdGroupLayout takes them.
+std::vector<std::vector<int64_t>> PowersgdGradientDims(const tensorflow::OpInputList& gradients);
+
+// The attributes of the P op: rank and residual.
+struct PowersgdPAttrs {
+  int64_t rank = 1;
+  bool residual = false;
+
+  tensorflow::Status Read(tensorflow::OpKernelConstruction* context);
+};
+
+// The attributes of the Q and Finish ops: rank, and the layout of `shapes`
+// (fully defined, kept in `shapes`); Finish also has residual and T.
+struct PowersgdShapesAttrs {
+  int64_t rank = 1;
+  std::vector<tensorflow::TensorShape> shapes;
+  std::unique_ptr<PowersgdGroupLayout> layout;
+
+  tensorflow::Status Read(tensorflow::OpKernelConstruction* context);
+
+ protected:
+  // shapes and layout, from `shapes` and rank.
+  tensorflow::Status ReadShapes(tensorflow::OpKernelConstruction* context);
+};
+
+struct PowersgdFinishAttrs : PowersgdShapesAttrs {
+  bool residual = false;
+  std::vector<tensorflow::DataType> dtypes;
+
+  // rank, residual, T, then shapes, which must be as many as T.
+  tensorflow::Status Read(tensorflow::OpKernelConstruction* context);
+};
+
+// The base of the CPU and GPU kernels: the op's attributes (one of the
+// structs above), read at construction.
+template <typename Attrs>
+class PowersgdKernel : public tensorflow::OpKernel {
+ public:
+  explicit PowersgdKernel(tensorflow::OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, attrs_.Read(context));
+  }
+
+ protected:
+  Attrs attrs_;
+};
+
+// The P op's outputs: the P payload (0) and the compensated buffer M (1).
+tensorflow::Status PowersgdAllocatePOutputs(tensorflow::OpKernelContext* context,
+                                            const PowersgdGroupLayout& layout,
+                                            tensorflow::Tensor** p, tensorflow::Tensor** m);
+
+// The Q op's inputs p_mean (0) and compensated (1) checked against the
+// layout, and its outputs: P (0, p_mean's shape) and Qlocal (1).
+tensorflow::Status PowersgdQInputsAndOutputs(tensorflow::OpKernelContext* context,
+                                             const PowersgdGroupLayout& layout,
+                                             tensorflow::Tensor** p, tensorflow::Tensor** q);
+
+// The Finish op's inputs p_orthonormal, q_local, q_mean and compensated
+// (0 to 3) checked against the layout.
+tensorflow::Status PowersgdCheckFinishInputs(tensorflow::OpKernelContext* context,
+                                             const PowersgdGroupLayout& layout);
+
+// The Finish op's outputs: the gradients (shapes) and nonfinite.
+tensorflow::Status PowersgdAllocateFinishOutputs(tensorflow::OpKernelContext* context,
+                                                 const PowersgdShapesAttrs& attrs,
+                                                 std::vector<tensorflow::Tensor*>* gradients,
+                                                 tensorflow::Tensor** nonfinite);
+
+// Locks the group's state variables (the layout above); the engine may pass
+// none when no tensor of the group keeps anything. copy: as
+// LockedStateVariables::Acquire's (the GPU kernels' device copy).
+tensorflow::Status PowersgdAcquireState(tensorflow::OpKernelContext* context,
+                                        const PowersgdGroupLayout& layout, bool residual,
+                                        bool exclusive, LockedStateVariables* state,
+                                        const LockedStateVariables::DeviceCopy* copy = nullptr);
 
 }  // namespace tf_mergecomp
 

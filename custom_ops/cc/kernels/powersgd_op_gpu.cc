@@ -21,20 +21,18 @@
 // pointer tables are packed into one buffer of pinned host memory from
 // TensorFlow's allocator and copied to the device with one asynchronous copy
 // on the op's stream, released by a host callback once the stream has passed
-// it (as group_op_gpu.cc does). Nothing waits for the stream; the state
-// variables' buffers are on the device.
+// it (gpu_op_support.h's PinnedTables, as in group_op_gpu.cc). Nothing waits
+// for the stream; the state variables' buffers are on the device.
 //
 // Compiled only with GOOGLE_CUDA (setup.py, CUDA builds).
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <vector>
 
+#include "cc/kernels/gpu_op_support.h"
 #include "cc/kernels/group_gpu_launchers.h"
 #include "cc/kernels/powersgd_gpu_launchers.h"
 #include "cc/kernels/powersgd_op.h"
@@ -47,24 +45,6 @@
 namespace tf_mergecomp {
 namespace {
 
-using tensorflow::AllocatorAttributes;
-using tensorflow::DataType;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Status;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-
-cudaStream_t StreamOf(OpKernelContext* context) {
-  return context->eigen_device<Eigen::GpuDevice>().stream();
-}
-
-Status LauncherStatus(const char* what, int code) {
-  if (code == 0) return tensorflow::OkStatus();
-  return tensorflow::errors::Internal(what, ": ", mergecomp_group_error_string(code));
-}
-
 int64_t CastKind(DataType dtype) {
   switch (dtype) {
     case tensorflow::DT_HALF: return MERGECOMP_CAST_HALF;
@@ -73,64 +53,6 @@ int64_t CastKind(DataType dtype) {
     default: return 0;  // float32
   }
 }
-
-// One step's tables: 8-byte words (int64 values or device pointers) filled
-// on the host in a pinned buffer, then copied to the device at once.
-class PinnedTables {
- public:
-  // Words [Reserve(n), + n); all reserved before Allocate.
-  int64_t Reserve(int64_t words) {
-    const int64_t start = words_;
-    words_ += words;
-    return start;
-  }
-
-  Status Allocate(OpKernelContext* context) {
-    const int64_t bytes = 8 * (words_ > 0 ? words_ : 1);
-    AllocatorAttributes pinned;
-    pinned.set_on_host(true);
-    pinned.set_gpu_compatible(true);
-    TF_RETURN_IF_ERROR(
-        context->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &host_, pinned));
-    TF_RETURN_IF_ERROR(
-        context->allocate_temp(tensorflow::DT_INT8, TensorShape({bytes}), &device_));
-    memset(host_.data(), 0, bytes);
-    return tensorflow::OkStatus();
-  }
-
-  int64_t* host(int64_t word) { return static_cast<int64_t*>(host_.data()) + word; }
-  template <typename T>
-  T* device(int64_t word) const {
-    return reinterpret_cast<T*>(static_cast<int64_t*>(const_cast<Tensor&>(device_).data()) +
-                                word);
-  }
-  void set_pointer(int64_t word, const void* pointer) {
-    memcpy(host(word), &pointer, sizeof(pointer));
-  }
-
-  Status CopyToDevice(cudaStream_t stream) {
-    const cudaError_t copied = cudaMemcpyAsync(device_.data(), host_.data(), host_.TotalBytes(),
-                                               cudaMemcpyHostToDevice, stream);
-    if (copied != cudaSuccess) {
-      return tensorflow::errors::Internal("copying PowerSGD's tables to the device: ",
-                                          cudaGetErrorString(copied));
-    }
-    auto* held = new Tensor(host_);
-    const cudaError_t queued = cudaLaunchHostFunc(
-        stream, [](void* tensor) { delete static_cast<Tensor*>(tensor); }, held);
-    if (queued != cudaSuccess) {
-      // The callback never runs: keep the buffer rather than free it under the copy.
-      return tensorflow::errors::Internal("queueing the release of PowerSGD's tables: ",
-                                          cudaGetErrorString(queued));
-    }
-    return tensorflow::OkStatus();
-  }
-
- private:
-  int64_t words_ = 0;
-  Tensor host_;
-  Tensor device_;
-};
 
 // The group's layout as MergecompPowersgdGpuGroup tables. Reserve, then
 // (after the tables' Allocate) Fill, then Group.
@@ -260,103 +182,40 @@ class MatrixTables {
   int64_t c_offsets_, m_, k_, r_, a_offsets_, b_offsets_;
 };
 
-// Locks the group's state variables as the CPU kernels do (powersgd_op.h's
-// layout; none when no tensor of the group keeps anything); a variable still
-// shared with a reader is copied on the device before an exclusive update.
-Status AcquireState(OpKernelContext* context, const PowersgdGroupLayout& layout, bool residual,
-                    bool exclusive, LockedStateVariables* state) {
-  std::vector<int64_t> sizes;
-  int64_t total = 0;
-  for (int64_t i = 0; i < layout.num_tensors(); ++i) {
-    sizes.push_back(layout.state_size(i, residual));
-    total += sizes.back();
-  }
-  int first, end;
-  TF_RETURN_IF_ERROR(context->op_kernel().InputRange("state", &first, &end));
-  if (total == 0 && end == first) sizes.clear();
-  const cudaStream_t stream = StreamOf(context);
-  const LockedStateVariables::DeviceCopy copy = [stream](void* to, const void* from,
-                                                         size_t bytes) {
-    const cudaError_t error = cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream);
-    return error == cudaSuccess ? tensorflow::OkStatus()
-                                : tensorflow::errors::Internal("copying a state variable: ",
-                                                               cudaGetErrorString(error));
-  };
-  return state->Acquire(context, sizes,
-                        residual ? "the residual, then Q: cols x rank" : "Q: cols x rank",
-                        exclusive, &copy);
-}
-
-Status LayoutFromShapesAttr(OpKernelConstruction* context, int64_t rank,
-                            std::vector<TensorShape>* shapes,
-                            std::unique_ptr<PowersgdGroupLayout>* layout) {
-  std::vector<tensorflow::PartialTensorShape> partial;
-  TF_RETURN_IF_ERROR(context->GetAttr("shapes", &partial));
-  std::vector<std::vector<int64_t>> dims;
-  for (const auto& shape : partial) {
-    TensorShape full;
-    if (!shape.AsTensorShape(&full)) {
-      return tensorflow::errors::InvalidArgument("shapes must be fully defined, got ",
-                                                 shape.DebugString());
-    }
-    shapes->push_back(full);
-    const auto sizes = full.dim_sizes();
-    dims.emplace_back(sizes.begin(), sizes.end());
-  }
-  layout->reset(new PowersgdGroupLayout(dims, rank));
-  return tensorflow::OkStatus();
-}
-
-Status CheckFlat(const Tensor& tensor, const char* name, int64_t expected) {
-  if (tensor.dims() != 1 || tensor.NumElements() != expected) {
-    return tensorflow::errors::InvalidArgument(name, " must be a vector of ", expected,
-                                               " floats for this group, got shape ",
-                                               tensor.shape().DebugString());
-  }
-  return tensorflow::OkStatus();
-}
-
-class PowersgdGroupPGpuOp : public OpKernel {
+class PowersgdGroupPGpuOp : public PowersgdKernel<PowersgdPAttrs> {
  public:
-  explicit PowersgdGroupPGpuOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
     tensorflow::OpInputList gradients;
     OP_REQUIRES_OK(context, context->input_list("gradients", &gradients));
-    std::vector<std::vector<int64_t>> dims;
     std::vector<DataType> dtypes;
     std::vector<const void*> pointers;
     for (const Tensor& g : gradients) {
-      const auto sizes = g.shape().dim_sizes();
-      dims.emplace_back(sizes.begin(), sizes.end());
       dtypes.push_back(g.dtype());
       pointers.push_back(g.data());
     }
-    const PowersgdGroupLayout layout(dims, rank_);
+    const PowersgdGroupLayout layout(PowersgdGradientDims(gradients), attrs_.rank);
+    const cudaStream_t stream = StreamOf(context);
+    const LockedStateVariables::DeviceCopy copy = DeviceCopyOn(stream);
     LockedStateVariables state;
-    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/false, &state));
+    OP_REQUIRES_OK(context, PowersgdAcquireState(context, layout, attrs_.residual,
+                                                 /*exclusive=*/false, &state, &copy));
 
     Tensor* p_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({layout.p_payload_size()}),
-                                                     &p_tensor));
     Tensor* m_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                1, TensorShape({layout.compensated_size()}), &m_tensor));
+    OP_REQUIRES_OK(context, PowersgdAllocatePOutputs(context, layout, &p_tensor, &m_tensor));
     Tensor q_packed;
     OP_REQUIRES_OK(context, context->allocate_temp(
                                 tensorflow::DT_FLOAT, TensorShape({layout.q_payload_size()}),
                                 &q_packed));
 
-    PinnedTables tables;
-    GroupTables group_tables(layout, residual_, &tables);
+    PinnedTables tables("PowerSGD's tables");
+    GroupTables group_tables(layout, attrs_.residual, &tables);
     MatrixTables matrix_tables(layout, Product::kP, &tables);
     OP_REQUIRES_OK(context, tables.Allocate(context));
     group_tables.Fill(dtypes, pointers, {}, &state);
     matrix_tables.Fill();
-    const cudaStream_t stream = StreamOf(context);
     OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
     const MergecompPowersgdGpuGroup group = group_tables.Group();
     const MergecompGpuMatrices matrices = matrix_tables.Matrices();
@@ -372,31 +231,19 @@ class PowersgdGroupPGpuOp : public OpKernel {
                                            mergecomp_grouped_matmul_gpu(&matrices, m, 0, q, p,
                                                                         stream)));
   }
-
- private:
-  int64_t rank_ = 1;
-  bool residual_ = false;
 };
 
-class PowersgdGroupQGpuOp : public OpKernel {
+class PowersgdGroupQGpuOp : public PowersgdKernel<PowersgdShapesAttrs> {
  public:
-  explicit PowersgdGroupQGpuOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    std::vector<TensorShape> shapes;
-    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes, &layout_));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
-    const PowersgdGroupLayout& layout = *layout_;
+    const PowersgdGroupLayout& layout = *attrs_.layout;
     const Tensor& p_mean = context->input(0);
     const Tensor& compensated = context->input(1);
-    OP_REQUIRES_OK(context, CheckFlat(p_mean, "p_mean", layout.p_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(compensated, "compensated", layout.compensated_size()));
     Tensor* p_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, p_mean.shape(), &p_tensor));
     Tensor* q_tensor = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({layout.q_payload_size()}),
-                                                     &q_tensor));
+    OP_REQUIRES_OK(context, PowersgdQInputsAndOutputs(context, layout, &p_tensor, &q_tensor));
     float* p = p_tensor->flat<float>().data();
     const cudaStream_t stream = StreamOf(context);
     if (layout.p_payload_size() > 0) {
@@ -408,7 +255,7 @@ class PowersgdGroupQGpuOp : public OpKernel {
                                                cudaGetErrorString(copied)));
     }
 
-    PinnedTables tables;
+    PinnedTables tables("PowerSGD's tables");
     GroupTables group_tables(layout, /*residual=*/false, &tables);
     MatrixTables matrix_tables(layout, Product::kQLocal, &tables);
     OP_REQUIRES_OK(context, tables.Allocate(context));
@@ -426,55 +273,34 @@ class PowersgdGroupQGpuOp : public OpKernel {
                                       &matrices, compensated.flat<float>().data(), 1, p,
                                       q_tensor->flat<float>().data(), stream)));
   }
-
- private:
-  int64_t rank_ = 1;
-  std::unique_ptr<PowersgdGroupLayout> layout_;
 };
 
-class PowersgdGroupFinishGpuOp : public OpKernel {
+class PowersgdGroupFinishGpuOp : public PowersgdKernel<PowersgdFinishAttrs> {
  public:
-  explicit PowersgdGroupFinishGpuOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("rank", &rank_));
-    OP_REQUIRES_OK(context, context->GetAttr("residual", &residual_));
-    tensorflow::DataTypeVector dtypes;
-    OP_REQUIRES_OK(context, context->GetAttr("T", &dtypes));
-    dtypes_.assign(dtypes.begin(), dtypes.end());
-    OP_REQUIRES_OK(context, LayoutFromShapesAttr(context, rank_, &shapes_, &layout_));
-    OP_REQUIRES(context, shapes_.size() == dtypes_.size(),
-                tensorflow::errors::InvalidArgument("shapes and T must have the same length, got ",
-                                                    shapes_.size(), " and ", dtypes_.size()));
-  }
+  using PowersgdKernel::PowersgdKernel;
 
   void Compute(OpKernelContext* context) override {
-    const PowersgdGroupLayout& layout = *layout_;
+    const PowersgdGroupLayout& layout = *attrs_.layout;
     const Tensor& p_tensor = context->input(0);
     const Tensor& q_local = context->input(1);
     const Tensor& q_mean = context->input(2);
     const Tensor& m_tensor = context->input(3);
-    OP_REQUIRES_OK(context, CheckFlat(p_tensor, "p_orthonormal", layout.p_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(q_local, "q_local", layout.q_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(q_mean, "q_mean", layout.q_payload_size()));
-    OP_REQUIRES_OK(context, CheckFlat(m_tensor, "compensated", layout.compensated_size()));
-    LockedStateVariables state;
-    OP_REQUIRES_OK(context, AcquireState(context, layout, residual_, /*exclusive=*/true, &state));
-    tensorflow::OpOutputList outputs;
-    OP_REQUIRES_OK(context, context->output_list("gradients", &outputs));
-    std::vector<void*> out(shapes_.size());
-    for (size_t i = 0; i < shapes_.size(); ++i) {
-      Tensor* tensor = nullptr;
-      OP_REQUIRES_OK(context, outputs.allocate(i, shapes_[i], &tensor));
-      out[i] = tensor->data();
-    }
-    Tensor* nonfinite = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                "nonfinite", TensorShape({layout.num_tensors()}), &nonfinite));
-
-    PinnedTables tables;
-    GroupTables group_tables(layout, residual_, &tables);
-    OP_REQUIRES_OK(context, tables.Allocate(context));
-    group_tables.Fill(dtypes_, {}, out, &state);
+    OP_REQUIRES_OK(context, PowersgdCheckFinishInputs(context, layout));
     const cudaStream_t stream = StreamOf(context);
+    const LockedStateVariables::DeviceCopy copy = DeviceCopyOn(stream);
+    LockedStateVariables state;
+    OP_REQUIRES_OK(context, PowersgdAcquireState(context, layout, attrs_.residual,
+                                                 /*exclusive=*/true, &state, &copy));
+    std::vector<Tensor*> tensors;
+    Tensor* nonfinite = nullptr;
+    OP_REQUIRES_OK(context, PowersgdAllocateFinishOutputs(context, attrs_, &tensors, &nonfinite));
+    std::vector<void*> out;
+    for (Tensor* tensor : tensors) out.push_back(tensor->data());
+
+    PinnedTables tables("PowerSGD's tables");
+    GroupTables group_tables(layout, attrs_.residual, &tables);
+    OP_REQUIRES_OK(context, tables.Allocate(context));
+    group_tables.Fill(attrs_.dtypes, {}, out, &state);
     OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
     const MergecompPowersgdGpuGroup group = group_tables.Group();
     OP_REQUIRES_OK(context, LauncherStatus("MergecompPowersgdGroupFinish (GPU)",
@@ -485,13 +311,6 @@ class PowersgdGroupFinishGpuOp : public OpKernel {
                                                m_tensor.flat<float>().data(),
                                                nonfinite->flat<int32_t>().data(), stream)));
   }
-
- private:
-  int64_t rank_ = 1;
-  bool residual_ = false;
-  std::vector<DataType> dtypes_;
-  std::vector<TensorShape> shapes_;
-  std::unique_ptr<PowersgdGroupLayout> layout_;
 };
 
 }  // namespace
