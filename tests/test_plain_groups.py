@@ -256,3 +256,28 @@ def test_state_restored_from_a_checkpoint_goes_out_with_the_next_plain_step(tmp_
     for out, want in zip(result[0][0], expected):
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     assert all(not np.any(v) for v in result[0][3])
+
+
+@pytest.mark.parametrize("name", ["efsignsgd", "dgc", "powersgd"])
+def test_a_group_on_the_codec_traces_the_same_ops_whichever_plain_groups(name):
+    """plain_groups=True adds nothing to a group that stays on the codec: its
+    traced reduction has exactly the ops of plain_groups=False (the flush is
+    built only into plain groups), so a layout the search leaves compressed
+    costs what it did before per-group codecs."""
+    def traced_ops(plain_groups, codec=None):
+        mc = MergeComp(name, partitions=None, plain_groups=plain_groups)
+        comm = FakeWorld(1).communicator(0)
+        mc.set_gradient_layout([tf.TensorShape(s) for s in SHAPES], [tf.float32] * len(SHAPES))
+        mc.state_variables()
+
+        @tf.function
+        def group(grads):
+            return mc.reduce_group(grads, comm, tf.constant(0, tf.int64), codec=codec)[0]
+
+        graph = group.get_concrete_function([tf.TensorSpec(s, tf.float32) for s in SHAPES]).graph
+        return sorted(op.type for op in graph.get_operations())
+
+    compressed = traced_ops(True)
+    assert compressed == traced_ops(False)
+    assert compressed == traced_ops(True, codec=name)
+    assert traced_ops(True, codec="none") != compressed  # the check can see a difference
