@@ -234,6 +234,8 @@ def build_parser():
     parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
     parity.add_argument("--algorithms", type=_algorithms, default=[n for n in NAMES if n != "none"])
     parity.add_argument("--epochs", type=int, default=8)
+    parity.add_argument("--seed", type=int, default=None,
+                        help="the initial weights' and the shuffling's seed (default 42)")
     parity.add_argument("--np", type=int, default=2, dest="num_proc")
     parity.add_argument("--timeout", type=float, default=1500.0)
     parity.add_argument("--out", default="bench_results/parity")

@@ -6,7 +6,7 @@ digits), 2 workers, every codec.
 Runs ``horovodrun -np 2 --gloo`` on this machine (loopback); each rank trains
 on its half of the training split (80% of the 1,797 images, split with a fixed
 seed), batch 32 per worker, a fixed number of epochs, the same initial weights
-for every config (seeded, then broadcast from rank 0). Configs: Horovod fp32,
+for every config (seeded with ``--seed``, then broadcast from rank 0). Configs: Horovod fp32,
 and for each algorithm MergeComp layer-wise, MergeComp with the searched
 layout (``MergeCompCallback`` during the first epoch; per group the codec or
 plain, or plain Horovod) and with the single-codec search
@@ -74,7 +74,7 @@ def _train_one(config, spec, data, main_job, hvd, hvd_tf, tf):
     from benchmarks.worker import build_compression
 
     (x_train, y_train), (x_test, y_test) = data
-    keras.utils.set_random_seed(SEED)
+    keras.utils.set_random_seed(spec.get("seed", SEED))
     model = main_job.build_model()
     compression, search_callback_class, note = build_compression(config)
     rate = learning_rate(config.get("algorithm")) * hvd.size()
@@ -157,7 +157,7 @@ def plain_groups_verdict(searched, single):
     return points, "met" if points >= -PLAIN_GROUPS_TOLERANCE else "missed"
 
 
-def table(output, epochs):
+def table(output, epochs, seed=SEED):
     results = output.get("results", [])
     by_label = {r["label"]: r for r in results}
     fp32 = by_label.get("horovod fp32", {}).get("accuracy")
@@ -184,9 +184,9 @@ def table(output, epochs):
                      "; ".join(n for n in notes if n) or "", identical])
     header = ("Digits CNN, %d workers, %d epochs, batch 32 per worker, plain SGD "
               "(lr %g x W; dgc %g x W, its memory adds momentum 0.9; %g x W for %s); "
-              "test accuracy on 360 images.\n\n"
+              "seed %d; test accuracy on 360 images.\n\n"
               % (output.get("size", 2), epochs, LEARNING_RATE, DGC_LEARNING_RATE,
-                 SIGN_LEARNING_RATE, "/".join(SIGN_CODECS)))
+                 SIGN_LEARNING_RATE, "/".join(SIGN_CODECS), seed))
     footer = ("\n\nSearched (per-group codecs) no more than %s points below the single-codec "
               "search: %d of %d codecs." % (PLAIN_GROUPS_TOLERANCE, met, len(algorithms)))
     return header + report.markdown_table(
@@ -199,6 +199,7 @@ def run(args):
     os.makedirs(args.out, exist_ok=True)
     notes = []
     spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms),
+            "seed": SEED if getattr(args, "seed", None) is None else args.seed,
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}
     code, log_path = launcher.run_local_horovodrun("benchmarks.parity", spec, args.out,
@@ -212,7 +213,7 @@ def run(args):
             output = json.load(f)
     except (OSError, ValueError):
         output = {"results": []}
-    text = table(output, args.epochs) + "".join("\n- " + n for n in notes)
+    text = table(output, args.epochs, spec["seed"]) + "".join("\n- " + n for n in notes)
     with open(os.path.join(args.out, "parity.md"), "w") as f:
         f.write(text + "\n")
     return text

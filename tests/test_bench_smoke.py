@@ -685,7 +685,9 @@ def test_parity_judges_the_per_group_choice_against_the_single_codec_search():
     text = parity.table(output, 8)
     assert "| topk | 0.936 | 0.958 | plain Horovod | 0.953 | 1 groups [] | +0.5 (met) |" in text
     assert "| dgc | 0.820 | 0.700 | 2 groups [3] (1 plain) | 0.731 | 1 groups [] | -3.1 (missed) |" in text
-    assert "single-codec search: 1 of 2 codecs" in text
+    assert "single-codec search: 1 of 2 codecs" in text and "seed 42;" in text
+    assert "seed 7;" in parity.table(output, 8, seed=7)
+    assert build_parser().parse_args(["parity", "--seed", "3"]).seed == 3
     assert parity.plain_groups_verdict({"accuracy": 0.9}, {}) is None
 
 
