@@ -17,8 +17,8 @@ compute step, placement, Horovod, networks) from ``--base``, by default the
 profile of the paper's setting built from published figures; only the codecs
 that gpu-check measured get their costs replaced. ``source`` says both:
 which device measured the codecs, and where the rest comes from. PowerSGD is
-not in gpu-check (its orthonormalisation runs on the host), so it keeps the
-base profile's figures, as the notes say.
+not timed by gpu-check's benchmark (its launchers are only checked against the
+CPU's outputs), so it keeps the base profile's figures, as the notes say.
 """
 
 import argparse
