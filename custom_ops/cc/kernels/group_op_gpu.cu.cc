@@ -531,26 +531,12 @@ __global__ void RandomkHistogramKernel(DeviceGroup group, const int64_t* tensor_
   });
 }
 
-// One thread per tensor: gpu_select::ChooseDigitKernel on the tensor's histogram.
+// One thread per tensor: gpu_select::ChooseDigit on the tensor's histogram.
 __global__ void RandomkChooseDigitKernel(DeviceGroup group, const int64_t* tensor_k,
                                          RandomkSelect ws, int shift, int bins) {
   gpu::ForEachIndex(group.num_tensors, [&](int64_t t) {
     if (tensor_k[t] == 0) return;
-    uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
-    long long remaining = ws.state[t].remaining;
-    int chosen = 0;
-    for (int b = bins - 1; b >= 0; --b) {
-      const long long count = histogram[b];
-      if (count >= remaining) {
-        chosen = b;
-        break;
-      }
-      remaining -= count;
-    }
-    for (int b = 0; b < bins; ++b) histogram[b] = 0;
-    ws.state[t].remaining = remaining;
-    ws.state[t].prefix |= static_cast<uint32_t>(chosen) << shift;
-    ws.state[t].prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+    gpu_select::ChooseDigit(&ws.state[t], ws.histogram + t * gpu_select::kMaxBins, shift, bins);
   });
 }
 

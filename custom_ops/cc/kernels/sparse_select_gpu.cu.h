@@ -85,7 +85,9 @@ __global__ void HistogramKernel(int64_t n, KeyFn key, const SelectState* state, 
   }
 }
 
-static __global__ void ChooseDigitKernel(SelectState* state, uint32_t* histogram, int shift, int bins) {
+// One radix pass's choice: the digit (from the top) whose bin holds the
+// remaining k-th largest key; the histogram is cleared for the next pass.
+static __device__ void ChooseDigit(SelectState* state, uint32_t* histogram, int shift, int bins) {
   long long remaining = state->remaining;
   int chosen = 0;
   for (int b = bins - 1; b >= 0; --b) {
@@ -100,6 +102,10 @@ static __global__ void ChooseDigitKernel(SelectState* state, uint32_t* histogram
   state->remaining = remaining;
   state->prefix |= static_cast<uint32_t>(chosen) << shift;
   state->prefix_mask |= static_cast<uint32_t>(bins - 1) << shift;
+}
+
+static __global__ void ChooseDigitKernel(SelectState* state, uint32_t* histogram, int shift, int bins) {
+  ChooseDigit(state, histogram, shift, bins);
 }
 
 template <typename KeyFn>
