@@ -67,7 +67,8 @@ import math
 import os
 import time
 
-from tf_mergecomp.search.algorithm import PLAIN_HOROVOD, mean_log_ratio
+from tf_mergecomp.search.algorithm import mean_log_ratio
+from tf_mergecomp.search.requests import PLAIN_HOROVOD
 from benchmarks import launcher, link_check, models, netns, network_model, report, sshd, worker
 
 PARTITION_MODES = ("layerwise", "one", "searched")

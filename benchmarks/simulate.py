@@ -40,7 +40,8 @@ import time
 
 import numpy as np
 
-from tf_mergecomp.search import algorithm as search_core
+from tf_mergecomp.search import requests as search_requests
+from tf_mergecomp.search import run as search_run
 from benchmarks import network_model
 from tf_mergecomp.search import step_model
 from benchmarks import netns, report
@@ -298,7 +299,7 @@ class Simulation:
         ready, cycle = self.ready, self.cycle_s
 
         def step_time(layout, group_codecs):
-            if layout == search_core.PLAIN_HOROVOD:
+            if layout == search_requests.PLAIN_HOROVOD:
                 return plain_horovod_s
             if group_codecs is None:
                 return model.step_time(tuple(layout))
@@ -308,7 +309,7 @@ class Simulation:
             return mixed.step_time(tuple(layout))
 
         def profile(splits):
-            return search_core.ProfileResult(model.step_time(tuple(splits)), ready)
+            return search_requests.ProfileResult(model.step_time(tuple(splits)), ready)
 
         def probe(splits, codec):
             bounds = np.asarray((0,) + tuple(splits) + (self.num_tensors,))
@@ -317,7 +318,7 @@ class Simulation:
                                                           (len(bounds) - 1,)) for p in parts)
             return np.stack([encode, collective + cycle, decode], axis=1)
 
-        result = search_core.run_search(
+        result = search_run.run_search(
             self.sizes.tolist(), profile, probe, step_time, max_groups=SEARCH_MAX_GROUPS,
             codec_on_compute=self.codec_on_compute,
             decodes_after_backprop=self.decodes_after_backprop, codecs=codecs,
@@ -334,7 +335,7 @@ class Simulation:
         cycle = self.cycle_s
 
         def profile(splits):
-            return search_core.ProfileResult(model.step_time(tuple(splits)), ready)
+            return search_requests.ProfileResult(model.step_time(tuple(splits)), ready)
 
         def probe(splits):
             bounds = np.asarray((0,) + tuple(splits) + (self.num_tensors,))
@@ -346,7 +347,7 @@ class Simulation:
         def time_candidate(splits):
             return model.step_time(tuple(splits))
 
-        result = search_core.run_search(
+        result = search_run.run_search(
             self.sizes.tolist(), profile, probe, time_candidate, max_groups=SEARCH_MAX_GROUPS,
             codec_on_compute=self.codec_on_compute,
             decodes_after_backprop=self.decodes_after_backprop)
@@ -366,7 +367,7 @@ class Simulation:
             results, account = self.codec_configs(
                 name, network, plain_horovod_s=rows["horovod fp32"]["step_s"])
             for mode, (layout, seconds, *group_codecs) in results.items():
-                if layout == search_core.PLAIN_HOROVOD:
+                if layout == search_requests.PLAIN_HOROVOD:
                     rows["%s %s" % (name, mode)] = {"step_s": seconds, "groups": None,
                                                    "splits": None, "plain_horovod": True}
                     continue

@@ -765,6 +765,37 @@ def test_exchange_quick_run_times_every_config_per_round(tmp_path, capsys):
     assert targets[1].endswith(": not measured")  # the quick sweep stops at 16 tensors
 
 
+def _exchange_run(directory, scale, noise):
+    """An exchange.json of two cells per mode, every time times ``scale`` and ``noise``."""
+    rows = [{"label": label, "algorithm": "fp16",
+             "median_s": {mode: base * scale * noise for mode, base in
+                          (("layerwise", 0.030), ("one", 0.025), ("four", 0.020))}}
+            for label in ("resnet50", "transformer")]
+    directory.mkdir()
+    (directory / "exchange.json").write_text(json.dumps({"rows": rows}))
+    return str(directory)
+
+
+@pytest.mark.parametrize("scale, verdict", [(1.2, "after is slower"), (0.8, "after is faster"),
+                                            (1.0, "no difference the runs resolve")])
+def test_exchange_compare_resolves_a_builds_effect_over_the_runs(tmp_path, capsys, scale, verdict):
+    from benchmarks import exchange_compare
+
+    noises = (1.0, 1.04, 0.97, 1.02)  # one process's level against the next's
+    before = [_exchange_run(tmp_path / ("b%d" % i), 1.0, n) for i, n in enumerate(noises)]
+    after = [_exchange_run(tmp_path / ("a%d" % i), scale, n) for i, n in enumerate(noises[::-1])]
+    exchange_compare.main(["--before", ",".join(before), "--after", ",".join(after)])
+    printed = capsys.readouterr().out
+    assert printed.count("| resnet50 | fp16 |") == 3 and printed.count("| transformer | fp16 |") == 3
+    level = statistics.median(noises)  # the same set of levels on both sides
+    assert "| resnet50 | fp16 | one | %.1f | %.1f | %.3f |" % (
+        25 * level, 25 * scale * level, scale) in printed
+    assert printed.strip().endswith(verdict)
+    with pytest.raises(ValueError, match="at least two runs per side"):
+        exchange_compare.compare([exchange_compare.load_run(before[0])],
+                                 [exchange_compare.load_run(a) for a in after])
+
+
 def test_report_of_an_earlier_run_is_rewritten_from_its_json(tmp_path, capsys):
     from benchmarks.__main__ import main
 

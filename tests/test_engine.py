@@ -148,13 +148,13 @@ def test_scaled_randomk_runs_without_error_feedback():
 
 
 def test_seed_layout_limits_are_checked():
-    from tf_mergecomp.mergecomp import _check_seed_layout
+    from tf_mergecomp import seeds
 
-    _check_seed_layout(4096, 4095)
+    seeds.check_layout(4096, 4095)
     with pytest.raises(ValueError, match="at most 4096 gradient tensors"):
-        _check_seed_layout(4097, 2)
+        seeds.check_layout(4097, 2)
     with pytest.raises(ValueError, match="at most 4095 workers"):
-        _check_seed_layout(10, 4096)
+        seeds.check_layout(10, 4096)
 
 
 def test_stock_compression_is_untouched():
@@ -233,16 +233,18 @@ def test_the_step_and_the_seeds_are_host_tensors():
     """The encode kernels take `seed` in host memory on a GPU: the step
     variable and the seeds computed from it are pinned to the host, so a
     traced step on a GPU copies no seed from the device."""
-    mergecomp = MergeComp("qsgd")
-    assert "CPU" in mergecomp.step.device
+    from tf_mergecomp import seeds
 
-    class OneRank:
-        rank, size = 0, 1
+    mergecomp = MergeComp("qsgd", seed=5)
+    assert "CPU" in mergecomp.step.device
 
     @tf.function
     def seed():
-        value = mergecomp._group_seed(mergecomp.step.read_value(), 0, OneRank())
+        value = seeds.group_seed(seeds.step_in_cycle(mergecomp.step), 3, 2, mergecomp.seed)
         assert "CPU" in value.op.device, value.op.device
         return value
 
-    assert int(seed()) >= 0
+    mergecomp.step.assign(7)
+    expected = (5 << seeds.USER_SEED_SHIFT) + (7 << seeds.STEP_SHIFT) \
+        + (3 << seeds.TENSOR_SHIFT) + 2
+    assert int(seed()) == expected

@@ -18,8 +18,10 @@ import numpy as np
 import pytest
 
 from tf_mergecomp.grouping import layerwise_splits
-from tf_mergecomp.search.algorithm import (PartitionSearchAlgorithm, Probe, Profile, ProfileResult, Time,
-                                 Warm, best_layouts, run_search)
+from tf_mergecomp.search.algorithm import PartitionSearchAlgorithm
+from tf_mergecomp.search.candidates import best_layouts
+from tf_mergecomp.search.requests import Probe, Profile, ProfileResult, Time, Warm
+from tf_mergecomp.search.run import run_search
 from tf_mergecomp.search.step_model import StepTimeModel, exhaustive_best
 
 STEPS_PER_ROUND = 3  # a confirm round's time is the median of this many noisy steps

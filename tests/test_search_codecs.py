@@ -20,7 +20,9 @@ import pytest
 from tests.test_search import SyntheticSystem
 from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 from tf_mergecomp.search import step_model
-from tf_mergecomp.search.algorithm import PLAIN_HOROVOD, PartitionSearchAlgorithm, run_search
+from tf_mergecomp.search.algorithm import PartitionSearchAlgorithm
+from tf_mergecomp.search.requests import PLAIN_HOROVOD
+from tf_mergecomp.search.run import run_search
 
 CODECS = ("topk", "none")
 

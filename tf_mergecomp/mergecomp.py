@@ -45,33 +45,20 @@ each holds its own (tf_mergecomp/rank_state.py; per-rank checkpoint files:
 tf_mergecomp/checkpoint.py; elastic jobs: tf_mergecomp/elastic.py).
 """
 
-import numbers
-
 import tensorflow as tf
 
 from tf_mergecomp import _ops
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
+from tf_mergecomp import nonfinite_gradients
 from tf_mergecomp import plain_groups
 from tf_mergecomp import memory as memories
 from tf_mergecomp import reference
+from tf_mergecomp import seeds
 from tf_mergecomp.communication import HorovodCommunicator
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 
-# Bit layout of the int64 seed given to codecs: step, group and worker never
-# collide for steps < 2**24 per user seed, 4096 tensors and 4095 workers (more
-# tensors or workers are refused at trace time; steps wrap). A group is named
-# by its first tensor's index, and tensor i of a group draws with the seed +
-# (i << TENSOR_SEED_SHIFT), so codecs that draw per tensor draw the same
-# whatever the partition.
-_STEP_SHIFT = 24
-_USER_SEED_SHIFT = 48
-_TENSOR_SHIFT = compressors.TENSOR_SEED_SHIFT
-_TENSOR_LIMIT = 1 << (_STEP_SHIFT - _TENSOR_SHIFT)
-_WORKER_LIMIT = (1 << _TENSOR_SHIFT) - 1
-_STEP_LIMIT = 1 << (_USER_SEED_SHIFT - _STEP_SHIFT)
-NONFINITE_CHOICES = ("propagate", "raise")
 # Codecs a group may use instead of the user's when ``plain_groups`` is on:
 # ``none`` (a plain float32 allreduce, exact) and ``fp16`` (half the bytes).
 # Neither keeps error-feedback state (tf_mergecomp/plain_groups.py).
@@ -127,7 +114,7 @@ class MergeComp(tf.Module):
                  plain_groups=True, name="mergecomp", **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
-        self.memory = _resolve_memory(self.compressor, memory, compressor_params)
+        self.memory = memories.for_compressor(self.compressor, memory, compressor_params)
         self.compressor.check_memory(self.memory)
         if reference.runs_fused_ops(self.compressor) and not memories.is_builtin(self.memory):
             raise ValueError(
@@ -136,13 +123,8 @@ class MergeComp(tf.Module):
                 "MergeComp(tf_mergecomp.reference.plain(compressors.get(%r, ...)), memory=...) "
                 "(tf_mergecomp/reference.py)"
                 % (self.memory, ", ".join(memories.NAMES), self.compressor.name))
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**14:
-            raise ValueError("seed must be an integer in [0, 16384), got %r" % (seed,))
-        self.seed = int(seed)
-        if nonfinite not in NONFINITE_CHOICES:
-            raise ValueError("nonfinite must be one of %s, got %r"
-                             % (", ".join(NONFINITE_CHOICES), nonfinite))
-        self.nonfinite = nonfinite
+        self.seed = seeds.check_user_seed(seed)
+        self.nonfinite = nonfinite_gradients.check_choice(nonfinite)
         if not isinstance(plain_groups, bool):
             raise ValueError("plain_groups must be True or False, got %r" % (plain_groups,))
         self.plain_groups = plain_groups
@@ -159,7 +141,7 @@ class MergeComp(tf.Module):
         self._eager_reduce = None
         # On the host: the seeds are computed from it there, so the encode
         # kernels' host `seed` input needs no device-to-host copy on a GPU.
-        with tf.device("/device:CPU:0"):
+        with tf.device(seeds.HOST):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.collectives_executed = tf.Variable(
             0, dtype=tf.int64, trainable=False, name="collectives_executed"
@@ -357,47 +339,13 @@ class MergeComp(tf.Module):
 
         return allreduce_grads
 
-    def _reduce_plain_horovod(self, grads, variables, use_generic_names, plain_reduce,
-                              process_set):
-        """Plain Horovod's reduction of ``grads``, after MergeComp sends what its
-        memory holds unsent with them (and clears it): stepping aside loses no
-        error-feedback state."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        order = present[::-1]
-        if not order:
-            return plain_reduce(grads, variables, use_generic_names)
-        dense = [_densify(grads[i]) for i in order]
+    def _begin_step(self, dense, communicator):
+        """What a traced step does before its collectives, on the gradients in
+        backprop order: fixes the gradient layout, checks that the ranks agree
+        on it and on the settings, creates the state and settles whose it is.
+        Returns the state variables and the agreement check's guards, which
+        the step's collectives wait for."""
         self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
-        communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
-        description = dict(self._layout.describe(), world_size=communicator.size,
-                           seed=self.seed, nonfinite=self.nonfinite, **self.describe())
-        guards = []
-        if description != self._agreed_description:
-            guards = consistency.check_ranks_agree(description, communicator.process_set)
-            if not guards:
-                self._agreed_description = description
-        state = self.state_variables(self._state_device(dense))
-        self.rank_state.reconcile_if_needed(communicator)
-        with tf.control_dependencies(guards):
-            flush = plain_groups.StateFlush(self.memory, state, dense)
-            sent = flush.gradients_to_send()
-        full = list(grads)
-        for position, i in enumerate(order):
-            full[i] = sent[position]
-        reduced = plain_reduce(full, variables, use_generic_names)
-        with tf.control_dependencies(flush.clear_sent_state()):
-            return [None if r is None else tf.identity(r) for r in reduced]
-
-    def _reduce(self, grads, communicator, scale_by_size, names):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        # Gradients of the last layers are ready first: reverse the list.
-        order = present[::-1]
-        if not order:
-            return list(grads)
-        dense = [_densify(grads[i]) for i in order]
-        self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
-        splits, group_codecs = self.splits, self.group_codecs
-        _check_seed_layout(len(order), communicator.size)
         description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
                            nonfinite=self.nonfinite, **self.describe())
         guards = []
@@ -415,10 +363,41 @@ class MergeComp(tf.Module):
         # restored (reset it everywhere unless each rank holds its own) and
         # take rank 0's step.
         self.rank_state.reconcile_if_needed(communicator)
-        # Steps wrap after 2**24 (the draws then repeat) rather than run into
-        # the user seed's bits.
-        with tf.device("/device:CPU:0"):
-            step = self.step.read_value() % _STEP_LIMIT
+        return state, guards
+
+    def _reduce_plain_horovod(self, grads, variables, use_generic_names, plain_reduce,
+                              process_set):
+        """Plain Horovod's reduction of ``grads``, after MergeComp sends what its
+        memory holds unsent with them (and clears it): stepping aside loses no
+        error-feedback state."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        order = present[::-1]
+        if not order:
+            return plain_reduce(grads, variables, use_generic_names)
+        dense = [_densify(grads[i]) for i in order]
+        communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
+        state, guards = self._begin_step(dense, communicator)
+        with tf.control_dependencies(guards):
+            flush = plain_groups.StateFlush(self.memory, state, dense)
+            sent = flush.gradients_to_send()
+        full = list(grads)
+        for position, i in enumerate(order):
+            full[i] = sent[position]
+        reduced = plain_reduce(full, variables, use_generic_names)
+        with tf.control_dependencies(flush.clear_sent_state()):
+            return [None if r is None else tf.identity(r) for r in reduced]
+
+    def _reduce(self, grads, communicator, scale_by_size, names):
+        present = [i for i, g in enumerate(grads) if g is not None]
+        # Gradients of the last layers are ready first: reverse the list.
+        order = present[::-1]
+        if not order:
+            return list(grads)
+        dense = [_densify(grads[i]) for i in order]
+        seeds.check_layout(len(order), communicator.size)
+        state, guards = self._begin_step(dense, communicator)
+        splits, group_codecs = self.splits, self.group_codecs
+        step = seeds.step_in_cycle(self.step)
         reduced = [None] * len(order)
         nonfinite = []
         with tf.control_dependencies(guards):
@@ -437,16 +416,11 @@ class MergeComp(tf.Module):
                         outputs = [o * communicator.size for o in outputs]
                     reduced[start:end] = outputs
                     nonfinite.append(flags)
-        # The flags as int64, which TensorFlow's GPU kernels keep on the device
-        # (its int32 tensors live in host memory): gathered and reduced where
-        # the group ops ran, so one int64 per step reaches the host step.
-        nonfinite = [tf.cast(flags, tf.int64) for flags in nonfinite]
-        nonfinite = tf.concat(nonfinite, 0) if len(nonfinite) > 1 else nonfinite[0]
-        # A step with a non-finite gradient on any rank does not count, so
-        # every rank keeps drawing what it would have drawn without it.
-        self.step.assign_add(1 - tf.cast(tf.reduce_max(nonfinite) > 0, tf.int64))
+        nonfinite = nonfinite_gradients.join_flags(nonfinite)
+        self.step.assign_add(nonfinite_gradients.step_increment(nonfinite))
         if self.nonfinite == "raise":
-            reduced = _raise_if_nonfinite(reduced, nonfinite, [names[i] for i in order])
+            reduced = nonfinite_gradients.raise_if_flagged(reduced, nonfinite,
+                                                       [names[i] for i in order])
         out = [None] * len(grads)
         for position, i in enumerate(order):
             out[i] = reduced[position]
@@ -454,10 +428,7 @@ class MergeComp(tf.Module):
 
     def _group_seed(self, step, start, communicator):
         worker = 0 if self.compressor.shared_seed else communicator.rank + 1
-        constant = (start << _TENSOR_SHIFT) + worker + (self.seed << _USER_SEED_SHIFT)
-        # A host scalar, as the encode kernels take it (HostMemory on the GPU).
-        with tf.device("/device:CPU:0"):
-            return step * (1 << _STEP_SHIFT) + tf.constant(constant, tf.int64)
+        return seeds.group_seed(step, start, worker, self.seed)
 
     def reduce_group(self, grads, communicator, step=0, start=0, index=0, codec=None):
         """Reduces one group on its own: ``grads`` are gradient tensors
@@ -623,51 +594,11 @@ class MergeComp(tf.Module):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)
 
 
-def _check_seed_layout(num_tensors, world_size):
-    if num_tensors > _TENSOR_LIMIT:
-        raise ValueError(
-            "MergeComp supports at most %d gradient tensors per optimizer (their index is part "
-            "of every random draw's seed); this model has %d" % (_TENSOR_LIMIT, num_tensors))
-    if world_size > _WORKER_LIMIT:
-        raise ValueError(
-            "MergeComp supports at most %d workers (the rank is part of every random draw's "
-            "seed); this job has %d" % (_WORKER_LIMIT, world_size))
-
-
-def _resolve_memory(compressor, memory, compressor_params):
-    """The memory to use. The codec's own parameters of its default memory
-    (DGC's momentum, SIGNUM's beta) go to that memory also when it is named
-    explicitly; given with another memory they would do nothing, so they are
-    refused."""
-    if memory is None or memory == compressor.default_memory:
-        return memories.get(compressor.default_memory, **compressor.default_memory_params())
-    unused = sorted(set(compressor_params) & set(compressor.default_memory_params()))
-    if unused:
-        raise ValueError(
-            "%s sets %s's %r memory, but memory=%r was given: drop %s or use memory=%r"
-            % (", ".join(unused), compressor.name, compressor.default_memory, memory,
-               ", ".join(unused), compressor.default_memory))
-    return memories.get(memory)
-
-
 def _tensor_names(grads, variables):
     """A label per gradient: its variable's name when Horovod passes the variables."""
     if variables is not None and len(variables) == len(grads):
         return [getattr(v, "name", "gradient %d" % i) for i, v in enumerate(variables)]
     return ["gradient %d" % i for i in range(len(grads))]
-
-
-def _raise_if_nonfinite(reduced, nonfinite, names):
-    """The reduced gradients, made to wait for a check that fails on every rank
-    alike (all ranks have the same flags) once all collectives are done."""
-    labels = tf.constant(names)
-    check = tf.debugging.Assert(
-        tf.reduce_all(nonfinite == 0),
-        ["tf_mergecomp: non-finite gradient (inf or NaN) on some rank for:",
-         tf.boolean_mask(labels, nonfinite > 0)],
-        summarize=len(names))
-    with tf.control_dependencies([check]):
-        return [tf.identity(r) for r in reduced]
 
 
 def _densify(grad):

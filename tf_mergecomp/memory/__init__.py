@@ -48,10 +48,27 @@ def get(name, **params):
     return cls(**params)
 
 
+def for_compressor(compressor, memory, compressor_params):
+    """The memory a compressor runs with: ``memory`` (a name or instance), or
+    the compressor's documented default when None. The codec's own parameters
+    of its default memory (DGC's momentum, SIGNUM's beta) go to that memory
+    also when it is named explicitly; given with another memory they would do
+    nothing, so they are refused."""
+    if memory is None or memory == compressor.default_memory:
+        return get(compressor.default_memory, **compressor.default_memory_params())
+    unused = sorted(set(compressor_params) & set(compressor.default_memory_params()))
+    if unused:
+        raise ValueError(
+            "%s sets %s's %r memory, but memory=%r was given: drop %s or use memory=%r"
+            % (", ".join(unused), compressor.name, compressor.default_memory, memory,
+               ", ".join(unused), compressor.default_memory))
+    return get(memory)
+
+
 def is_builtin(memory):
     """Whether ``memory`` is one of this library's memories (the ones the fused
     group ops implement), not a subclass or a memory of the user's own."""
     return type(memory) is _REGISTRY.get(memory.name)
 
 
-__all__ = ["Memory", "NAMES", "get", "is_builtin"]
+__all__ = ["Memory", "NAMES", "for_compressor", "get", "is_builtin"]

@@ -65,7 +65,9 @@ the first request, ``answer(value)`` the next (None when done).
 
 Every worker must answer the same values (averaged over workers), so that all
 take the same decisions. ``tf_mergecomp/search/driver.py`` answers them from a
-training loop; ``run_search`` from plain functions (tests, simulations).
+training loop; ``run_search`` (tf_mergecomp/search/run.py) from plain functions
+(tests, simulations). The requests are defined in tf_mergecomp/search/requests.py,
+the ranking of each group count's layouts in tf_mergecomp/search/candidates.py.
 
 Layouts: N tensors in backprop order; a layout is a sorted tuple of split
 indices in (0, N): ``()`` is one group, ``(1, ..., N - 1)`` layer-wise.
@@ -89,6 +91,8 @@ import numbers
 import numpy as np
 
 from tf_mergecomp.search import step_model
+from tf_mergecomp.search.candidates import best_layouts
+from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
 from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 
@@ -98,83 +102,11 @@ from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
-# On a grid, the best this many layouts are refined cut by cut.
-REFINED_SEEDS = 8
 # One group: timed in every confirm round, the yardstick of the others.
 REFERENCE = ()
-# The sentinel for plain Horovod (MergeComp steps aside): a candidate key, not a layout.
-PLAIN_HOROVOD = "plain Horovod"
 # Codec assignments of one layout evaluated exhaustively up to this many,
 # else group by group from the cheapest codec of each.
 ASSIGNMENTS_LIMIT = 4096
-
-
-def _candidate_key(layout):
-    return layout if isinstance(layout, str) else tuple(layout)
-
-
-class Profile:
-    """Request: profile training steps with ``splits``."""
-
-    kind = "profile"
-
-    def __init__(self, splits):
-        self.splits = tuple(splits)
-
-    def __repr__(self):
-        return "Profile(%r)" % (self.splits,)
-
-
-class Probe:
-    """Request: time each group of each layout alone."""
-
-    kind = "probe"
-
-    def __init__(self, layouts, codec=None):
-        self.layouts = [tuple(layout) for layout in layouts]
-        self.codec = codec  # every group with this codec (None: the compressor)
-
-    def __repr__(self):
-        return "Probe(%d layouts%s)" % (len(self.layouts),
-                                        "" if self.codec is None else ", " + self.codec)
-
-
-class Warm:
-    """Request: train each of ``layouts`` untimed, in turn (tracing each that
-    has not trained yet), before the first timed confirm round."""
-
-    kind = "warm"
-
-    def __init__(self, layouts):
-        self.layouts = [_candidate_key(layout) for layout in layouts]
-
-    def __repr__(self):
-        return "Warm(%d layouts)" % len(self.layouts)
-
-
-class Time:
-    """Request: one confirm round of ``splits`` (trained, and so traced, in the
-    ``Warm`` before the first round)."""
-
-    kind = "time"
-
-    def __init__(self, splits):
-        self.splits = _candidate_key(splits)
-
-    def __repr__(self):
-        return "Time(%r)" % (self.splits,)
-
-
-class ProfileResult:
-    """What a profile measured.
-
-    seconds: the step time; ready: per gradient (backprop order) seconds from
-    the step's start until it was ready, NaN where not seen.
-    """
-
-    def __init__(self, seconds, ready):
-        self.seconds = float(seconds)
-        self.ready = np.asarray(ready, dtype=np.float64)
 
 
 class PartitionSearchAlgorithm:
@@ -643,70 +575,6 @@ def mean_log_ratio(ratios, standard_errors=2.0):
     return float(np.mean(logs)), standard_errors * spread
 
 
-def best_layouts(model, groups, count=4, exhaustive_limit=20_000, sizes=None):
-    """The ``count`` fastest layouts of exactly ``groups`` groups under ``model``:
-    [(layout, seconds)] fastest first. All layouts are evaluated when there are
-    at most ``exhaustive_limit``; otherwise a grid of cut positions (half at
-    equal steps of cumulative size, half of tensor index) is evaluated and the
-    best grid layouts are refined one cut at a time over every position
-    between their neighbours until no cut moves. ``sizes`` (the tensors'
-    element counts) place the grid; without them it is by index alone."""
-    n = model.num_tensors
-    if groups == 1:
-        return [((), model.step_time(()))]
-    if groups > n:
-        return []
-    cuts = groups - 1
-    if math.comb(n - 1, cuts) <= exhaustive_limit:
-        layouts = step_model.layouts_with_groups(n, groups)
-        return _top(layouts, model.step_times(layouts), count)
-    grid = _grid_positions(n, cuts, exhaustive_limit, sizes)
-    layouts = step_model.layouts_with_groups(n, groups, grid)
-    ranked = dict(_top(layouts, model.step_times(layouts), count))
-    for layout, seconds in list(ranked.items())[:REFINED_SEEDS]:
-        layout, seconds = _refine_cuts(model, layout, seconds)
-        ranked[layout] = seconds
-    return sorted(ranked.items(), key=lambda item: (item[1], item[0]))[:count]
-
-
-def _grid_positions(n, cuts, limit, sizes):
-    """Cut positions, as many as keep the grid's layouts within ``limit``."""
-    points = cuts
-    while points + 1 < n and math.comb(points + 1, cuts) <= limit:
-        points += 1
-    by_index = np.linspace(0, n, points + 2)[1:-1]
-    if sizes is None:
-        positions = by_index.round().astype(np.int64)
-    else:
-        cumulative = np.concatenate([[0.0], np.cumsum(np.asarray(sizes, dtype=np.float64))])
-        half = points // 2
-        by_size = np.searchsorted(cumulative, np.linspace(0, cumulative[-1], half + 2)[1:-1])
-        by_index = np.linspace(0, n, points - half + 2)[1:-1].round().astype(np.int64)
-        positions = np.concatenate([by_size, by_index])
-    positions = np.unique(positions)
-    return positions[(positions > 0) & (positions < n)]
-
-
-def _refine_cuts(model, layout, seconds):
-    n = model.num_tensors
-    layout = list(layout)
-    for _ in range(8):
-        moved = False
-        for index in range(len(layout)):
-            lo = layout[index - 1] + 1 if index else 1
-            hi = layout[index + 1] - 1 if index + 1 < len(layout) else n - 1
-            options = np.arange(lo, hi + 1)
-            trial = np.repeat(np.asarray([layout]), len(options), axis=0)
-            trial[:, index] = options
-            times = model.step_times(trial)
-            best = int(np.argmin(times))
-            if times[best] < seconds - 1e-15:
-                layout[index], seconds, moved = int(options[best]), float(times[best]), True
-        if not moved:
-            break
-    return tuple(layout), seconds
-
-
 def _relative_to_reference(measured):
     """One confirm round's times over one group's in that round; {} before one group's turn
     (times are positive: _confirm checks them)."""
@@ -714,11 +582,6 @@ def _relative_to_reference(measured):
     if reference is None:
         return {}
     return {layout: seconds / reference for layout, seconds in measured.items()}
-
-
-def _top(layouts, times, count):
-    order = np.lexsort((np.arange(len(times)), times))[:count]
-    return [(tuple(int(c) for c in layouts[i]), float(times[i])) for i in order]
 
 
 def fill_ready(ready, sizes):
@@ -753,66 +616,3 @@ def _rotated(items, shift):
         return []
     shift %= len(items)
     return items[shift:] + items[:shift]
-
-
-class SearchResult:
-    """What ``run_search`` returns."""
-
-    def __init__(self, algorithm, requests):
-        self.splits = algorithm.choice
-        self.group_codecs = algorithm.codecs_of(algorithm.choice)
-        self.plain_horovod = algorithm.choice == PLAIN_HOROVOD
-        self.algorithm = algorithm
-        self.requests = requests  # {"profile": n, "probe": n, "time": n, "traced": n}
-
-    def __repr__(self):
-        return "SearchResult(splits=%r, requests=%r)" % (self.splits, self.requests)
-
-
-def run_search(sizes, profile, probe, time_candidate, **options):
-    """Runs the whole search with plain functions:
-
-      profile(splits) -> ProfileResult
-      probe(splits) -> [groups, 3] seconds (encode, collective, decode)
-      time_candidate(splits) -> seconds per step (one confirm round)
-
-    With ``codecs``: probe(splits, codec), every group with ``codec``; and
-    time_candidate(splits, group_codecs), ``group_codecs`` None for every
-    group with the compressor; ``splits`` is ``PLAIN_HOROVOD`` for plain Horovod.
-
-    ``options`` are PartitionSearchAlgorithm's. Returns a SearchResult; its
-    ``requests["traced"]`` counts the layouts that trained (each a trace of
-    the train step in real training).
-    """
-    algorithm = PartitionSearchAlgorithm(sizes, **options)
-    counts = {"profile": 0, "probe": 0, "warm": 0, "time": 0, "traced": 0}
-    trained = {()}  # the profile trains one group
-    request = algorithm.start()
-    while request is not None:
-        if request.kind == "profile":
-            counts["profile"] += 1
-            counts["traced"] += 1
-            answer = profile(request.splits)
-        elif request.kind == "probe":
-            counts["probe"] += len(request.layouts)
-            if request.codec is None:
-                answer = [probe(layout) for layout in request.layouts]
-            else:
-                answer = [probe(layout, request.codec) for layout in request.layouts]
-        elif request.kind == "warm":
-            counts["warm"] += len(request.layouts)
-            counts["traced"] += len(set(request.layouts) - trained)
-            trained.update(request.layouts)
-            answer = None
-        else:
-            counts["time"] += 1
-            if request.splits not in trained:
-                counts["traced"] += 1
-                trained.add(request.splits)
-            if algorithm.codecs is None and not algorithm.plain_horovod:
-                answer = time_candidate(request.splits)
-            else:
-                answer = time_candidate(request.splits, algorithm.codecs_of(request.splits))
-        request = algorithm.answer(answer)
-    return SearchResult(algorithm, counts)
-

@@ -80,6 +80,7 @@ from tf_mergecomp import communication
 from tf_mergecomp import grouping
 from tf_mergecomp._validation import check_in_interval, check_int
 from tf_mergecomp.search import algorithm as search_core
+from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchReport, describe
@@ -315,7 +316,7 @@ class PartitionSearchDriver:
         if saved is not None:
             self.loaded_from = self.save_path
             if saved["plain_horovod"]:
-                layout = search_core.PLAIN_HOROVOD
+                layout = search_requests.PLAIN_HOROVOD
             else:
                 layout = tuple(saved["partition"])
                 if saved["group_codecs"] is not None:
@@ -395,7 +396,7 @@ class PartitionSearchDriver:
         if self.turn_steps != self.steps_per_candidate:
             self.report.log("confirm turns of %d timed steps (at least %.2f s each)" % (
                 self.turn_steps, self.min_turn_seconds))
-        return search_core.ProfileResult(plain, ready)
+        return search_requests.ProfileResult(plain, ready)
 
     def _probe_layouts(self, layouts, codec=None):
         started = time.perf_counter()
@@ -423,7 +424,7 @@ class PartitionSearchDriver:
     def apply_layout(self, layout):
         """Sets the MergeComp to train with ``layout`` from the next trace on:
         its splits and groups' codecs, or plain Horovod (MergeComp steps aside)."""
-        if layout == search_core.PLAIN_HOROVOD:
+        if layout == search_requests.PLAIN_HOROVOD:
             self.compression.set_plain_horovod()
             return
         codecs = self.codecs_of(layout)
@@ -471,7 +472,7 @@ class PartitionSearchDriver:
         for record in self.history:
             if record["layout"] == layout:
                 return record
-        plain = layout == search_core.PLAIN_HOROVOD
+        plain = layout == search_requests.PLAIN_HOROVOD
         codecs = self.codecs_of(layout)
         record = {"candidate": len(self.history) + 1, "layout": layout,
                   "splits": None if plain else list(layout),
@@ -526,7 +527,7 @@ class PartitionSearchDriver:
             self.report.log("%s, after %d traces of the train step, %d steps, %.1f s" % (
                 self.describe_layout(choice), self.cost["traces"], self.cost["steps"],
                 self.cost["seconds"]))
-            if choice == search_core.PLAIN_HOROVOD:
+            if choice == search_requests.PLAIN_HOROVOD:
                 self.report.log(STEPS_ASIDE)
             return
         self.report.choice(self.algorithm, choice, self.compression.num_tensors, self.cost)
@@ -610,7 +611,7 @@ class PartitionSearchDriver:
     def _record(self, choice):
         """What the saved file holds beside the identity."""
         measured = self.algorithm.measured_seconds()
-        plain = choice == search_core.PLAIN_HOROVOD
+        plain = choice == search_requests.PLAIN_HOROVOD
         codecs = self.codecs_of(choice)
         return {
             "partition": [] if plain else list(choice),
@@ -704,7 +705,7 @@ def _wait_for(value):
 
 
 def _role_of(layout, n):
-    if layout == search_core.PLAIN_HOROVOD:
+    if layout == search_requests.PLAIN_HOROVOD:
         return "plain Horovod"
     if not layout:
         return "one group"

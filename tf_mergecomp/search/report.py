@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from tf_mergecomp import communication, grouping
-from tf_mergecomp.search.algorithm import PLAIN_HOROVOD
+from tf_mergecomp.search.requests import PLAIN_HOROVOD
 
 PLOT_NAME = "mergecomp_search.png"
 STEPS_ASIDE = "plain Horovod is fastest here: MergeComp steps aside"
