@@ -18,7 +18,6 @@ per side shows nothing; the comparison is over runs:
 """
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -27,8 +26,9 @@ MODES = ("layerwise", "one", "four")
 
 
 def load_run(directory):
-    with open(os.path.join(directory, "exchange.json")) as f:
-        rows = json.load(f)["rows"]
+    from benchmarks.profile import read_json
+
+    rows = read_json(os.path.join(directory, "exchange.json"), "exchange run")["rows"]
     return {(row["label"], row["algorithm"], mode): row["median_s"][mode]
             for row in rows for mode in MODES if mode in row["median_s"]}
 
@@ -64,12 +64,13 @@ def compare(before_runs, after_runs):
 
 
 def report(result):
+    from benchmarks.report import markdown_table
+
     rows = result["rows"]
-    lines = ["| gradient set | codec | mode | before ms | after ms | after/before |",
-             "|---|---|---|---|---|---|"]
-    for (label, codec, mode), before, after, ratio in rows:
-        lines.append("| %s | %s | %s | %.1f | %.1f | %.3f |"
-                     % (label, codec, mode, 1e3 * before, 1e3 * after, ratio))
+    lines = [markdown_table(
+        ["gradient set", "codec", "mode", "before ms", "after ms", "after/before"],
+        [[label, codec, mode, "%.1f" % (1e3 * before), "%.1f" % (1e3 * after), "%.3f" % ratio]
+         for (label, codec, mode), before, after, ratio in rows])]
     ratios = [row[3] for row in rows]
     geometric = math.exp(statistics.mean(math.log(r) for r in ratios))
     lines += [
