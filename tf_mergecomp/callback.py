@@ -19,7 +19,8 @@ fastest candidate measured so far is kept (and not saved).
 """
 
 from tf_mergecomp.keras2 import keras
-from tf_mergecomp.search.driver import PartitionSearchDriver, tracing_count
+from tf_mergecomp.search.driver import PartitionSearchDriver
+from tf_mergecomp.search.layout_functions import tracing_count
 
 
 class MergeCompCallback(keras.callbacks.Callback):

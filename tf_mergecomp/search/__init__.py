@@ -9,6 +9,7 @@
   driver.py      answers the algorithm from a training loop, one step at a
                  time (``PartitionSearchDriver``)
   run.py         answers it from plain functions (tests, the simulator: ``run_search``)
+  layout_functions.py  custom loops: one ``tf.function`` of the step per layout
   restart.py     Horovod restarted between candidates, and why
   store.py       the saved partition (JSON), reused by a later run
   report.py      log lines, the PNG, TensorBoard scalars

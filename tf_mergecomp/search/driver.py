@@ -83,6 +83,7 @@ from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
+from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchReport, describe
 from tf_mergecomp.search.store import PartitionStore
 
@@ -185,7 +186,7 @@ class PartitionSearchDriver:
         self.train_functions = None  # how a layout's train step is selected (Keras or loop)
         # layout -> codec per group where not all the compressor (the search's, or the file's)
         self.layout_codecs = {}
-        self._loop_functions = _LoopFunctions(self)
+        self._loop_functions = LayoutFunctions(self)
         self.algorithm = None
         self.loaded_from = None  # save_path when a saved partition was reused
         self.reason_for_search = None
@@ -632,53 +633,6 @@ class PartitionSearchDriver:
                          "standard_errors": self.algorithm.standard_errors},
             "search": self.algorithm.summary(),
         }
-
-
-class _LoopFunctions:
-    """Custom loops: one ``tf.function`` per layout for each registered step."""
-
-    def __init__(self, driver):
-        self.driver = driver
-        self.registered = []  # [(python function, kwargs, {layout: tf.function})]
-        self.active = None
-
-    def register(self, python_step_fn, kwargs):
-        functions = {}
-        self.registered.append((python_step_fn, kwargs, functions))
-
-        def call(*args, **call_kwargs):
-            layout = self.active
-            function = functions.get(layout)
-            if function is None:
-                function = functions[layout] = tf.function(python_step_fn, **kwargs)
-            return function(*args, **call_kwargs)
-
-        call.python_function = python_step_fn
-        return call
-
-    def use(self, layout, fresh=False):
-        self.driver.apply_layout(layout)
-        self.active = layout
-        if fresh:
-            for _, _, functions in self.registered:
-                functions.pop(layout, None)
-        # Traced at its first call (a step not made through ``function()``
-        # is not re-traced: the collectives check then says so).
-        return any(layout not in functions for _, _, functions in self.registered)
-
-    def keep_only(self, layout):
-        for _, _, functions in self.registered:
-            for other in [l for l in functions if l != layout]:
-                del functions[other]
-
-    def tracings(self):
-        return sum(tracing_count(f) for _, _, functions in self.registered
-                   for f in functions.values())
-
-
-def tracing_count(function):
-    counter = getattr(function, "experimental_get_tracing_count", None)
-    return int(counter()) if counter is not None else 0
 
 
 _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
