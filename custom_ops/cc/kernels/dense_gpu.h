@@ -21,7 +21,7 @@ namespace gpu {
 constexpr int kThreads = 256;
 // Blocks of a reduction's first pass; scratch holds kReduceBlocks partials
 // of up to kReduceFields doubles each.
-constexpr int kReduceBlocks = 512;
+constexpr int kReduceBlocks = 1024;
 constexpr int kReduceFields = 3;
 constexpr int64_t kScratchBytes = int64_t{kReduceBlocks} * kReduceFields * sizeof(double);
 
@@ -42,6 +42,28 @@ template <typename Fn>
 __device__ __forceinline__ void ForEachIndex(int64_t n, const Fn& fn) {
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) fn(i);
+}
+
+// ---- tiles: how the element-wise passes split the work ----------------------
+// A block owns kTileElements consecutive flat indices; its thread t holds
+// elements tile * kTileElements + u * kThreads + t for u < kUnroll. A warp's
+// 32 lanes so touch 32 consecutive elements (coalesced loads and stores), and
+// each thread issues its kUnroll independent loads before it uses any of them:
+// the bytes in flight that keep device memory busy (one load per thread at a
+// time reaches a tenth of the bandwidth).
+constexpr int kUnroll = 8;
+constexpr int64_t kTileElements = int64_t{kThreads} * kUnroll;
+
+__host__ __device__ inline int64_t TilesFor(int64_t n) { return (n + kTileElements - 1) / kTileElements; }
+
+__device__ __forceinline__ int64_t TileElement(int64_t tile, int u) {
+  return tile * kTileElements + int64_t{u} * kThreads + threadIdx.x;
+}
+
+// Blocks of a grid-stride pass over tiles (reductions): at most kReduceBlocks.
+inline int ReduceTileGridFor(int64_t n) {
+  const int64_t tiles = TilesFor(n);
+  return static_cast<int>(tiles < 1 ? 1 : (tiles > kReduceBlocks ? kReduceBlocks : tiles));
 }
 
 // Kernels over a list of segments (a group's tensors, PowerSGD's matrices)
@@ -124,6 +146,44 @@ __device__ __forceinline__ uint8_t SignByte(const float* x, int64_t n, int64_t b
   return static_cast<uint8_t>(bits);
 }
 
+// Writes the `bits`-bit codes of 32 consecutive elements, one per lane of
+// the calling warp (lane l: element 32 * group + l; 0 past the end), into a
+// little-endian bit stream of `stream_bytes` bytes: the group's 32 * bits
+// bits are the stream's words [group * bits, group * bits + bits), each
+// written once (a 32-bit store where `aligned` and whole, else its bytes
+// inside the stream). `scratch`: this warp's 32 words of shared memory.
+// Every lane of the warp calls it.
+__device__ __forceinline__ void WarpPackCodes(uint32_t code, int bits, int64_t group,
+                                              uint8_t* stream, int64_t stream_bytes, bool aligned,
+                                              uint32_t* scratch) {
+  const int lane = threadIdx.x & 31;
+  uint32_t word = 0;
+  if (bits == 1) {
+    word = __ballot_sync(0xffffffffu, code != 0);
+  } else {
+    if (lane < bits) scratch[lane] = 0;
+    __syncwarp();
+    const int first_bit = lane * bits;
+    const int shift = first_bit & 31;
+    if (code != 0) {
+      atomicOr(&scratch[first_bit >> 5], code << shift);
+      if (shift + bits > 32) atomicOr(&scratch[(first_bit >> 5) + 1], code >> (32 - shift));
+    }
+    __syncwarp();
+    if (lane < bits) word = scratch[lane];
+    __syncwarp();
+  }
+  if (lane >= bits) return;
+  const int64_t byte = (group * bits + lane) * 4;
+  if (aligned && byte + 4 <= stream_bytes) {
+    *reinterpret_cast<uint32_t*>(stream + byte) = word;
+  } else {
+    for (int k = 0; k < 4 && byte + k < stream_bytes; ++k) {
+      stream[byte + k] = static_cast<uint8_t>(word >> (8 * k));
+    }
+  }
+}
+
 __device__ __forceinline__ bool BitAt(const uint8_t* bits, int64_t i) {
   return (bits[i >> 3] >> (i & 7)) & 1;
 }
@@ -177,6 +237,18 @@ inline int LaunchOver(int64_t work_items, void* stream, void (*kernel)(Params...
                       Args... args) {
   if (work_items == 0) return 0;
   kernel<<<GridFor(work_items), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(args...);
+  return ErrorCode();
+}
+
+// Launches `kernel(args...)` with one block of kThreads threads per tile of
+// [0, n) (blockIdx.x is the tile); returns 0 without launching when n == 0.
+template <typename... Params, typename... Args>
+inline int LaunchTiles(int64_t n, void* stream, void (*kernel)(Params...), Args... args) {
+  if (n == 0) return 0;
+  const int64_t tiles = TilesFor(n);
+  if (tiles > INT32_MAX) return static_cast<int>(cudaErrorInvalidConfiguration);
+  kernel<<<static_cast<unsigned>(tiles), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      args...);
   return ErrorCode();
 }
 

@@ -83,89 +83,159 @@ struct Cursor : gpu::SegmentCursor {
   }
 };
 
+// One element as a pass loads it: the gradient as stored (finite or not)
+// and the memory's state there.
+struct Loaded {
+  float raw;
+  float a;  // residual e, momentum m or dgc u (0 without memory)
+  float b;  // dgc v
+};
+
 // The memory's compensation and state update (group_op.cc's, rounding
 // alike). The state is written only when no tensor of the group is
 // non-finite (*any_nonfinite == 0); a non-finite tensor reads as zeros.
+//
+// The flags are found by the first pass that reads the gradients (a
+// "speculative" pass, which takes every gradient as stored and marks the
+// non-finite tensors); the passes after it know them ("flags known").
 struct DeviceMemory {
   int kind;
   float decay;
   float gradient_scale;
   const float* const* inputs;
   float* const* state;
-  const int32_t* nonfinite;
-  const int32_t* any_nonfinite;
+  int32_t* nonfinite;
+  int32_t* any_nonfinite;
 
-  __device__ float Gradient(const Cursor& c, int64_t j) const {
-    return nonfinite[c.t] ? 0.0f : inputs[c.t][j];
+  __device__ Loaded Load(int64_t t, int64_t j, int64_t size) const {
+    Loaded v;
+    v.raw = inputs[t][j];
+    v.a = kind != MERGECOMP_MEMORY_NONE ? state[t][j] : 0.0f;
+    v.b = kind == MERGECOMP_MEMORY_DGC ? state[t][size + j] : 0.0f;
+    return v;
+  }
+  __device__ float Gradient(int64_t t, const Loaded& v, bool flags_known) const {
+    return flags_known && nonfinite[t] ? 0.0f : v.raw;
   }
   __device__ bool Commit() const { return kind != MERGECOMP_MEMORY_NONE && *any_nonfinite == 0; }
 
   // u <- decay * u + g of the dgc memory, from the old u.
-  __device__ float NewMomentum(const Cursor& c, int64_t j, float g) const {
-    return __fadd_rn(__fmul_rn(decay, state[c.t][j]), g);
+  __device__ float NewMomentum(float u, float g) const {
+    return __fadd_rn(__fmul_rn(decay, u), g);
   }
 
-  // p of element j of tensor c.t, from the gradient and the old state.
-  __device__ float Compensated(const Cursor& c, int64_t j) const {
-    const float g = Gradient(c, j);
+  // p of one element, from its gradient g and the old state.
+  __device__ float Compensated(const Loaded& v, float g) const {
     switch (kind) {
-      case MERGECOMP_MEMORY_RESIDUAL: return __fadd_rn(g, state[c.t][j]);
+      case MERGECOMP_MEMORY_RESIDUAL: return __fadd_rn(g, v.a);
       case MERGECOMP_MEMORY_MOMENTUM:
-        return __fadd_rn(__fmul_rn(decay, state[c.t][j]), __fmul_rn(gradient_scale, g));
-      case MERGECOMP_MEMORY_DGC:
-        return __fadd_rn(state[c.t][c.size() + j], NewMomentum(c, j, g));
+        return __fadd_rn(__fmul_rn(decay, v.a), __fmul_rn(gradient_scale, g));
+      case MERGECOMP_MEMORY_DGC: return __fadd_rn(v.b, NewMomentum(v.a, g));
       default: return g;
     }
   }
 
   // Dense codecs, after encoding: the new state from p and s (this worker's
   // own decoded value of the element), written once.
-  __device__ void Update(const Cursor& c, int64_t j, float p, float s, bool commit) const {
-    if (!commit) return;
-    float* buffer = state[c.t];
+  __device__ void Update(int64_t t, int64_t j, int64_t size, const Loaded& v, float g, float p,
+                         float s) const {
+    float* buffer = state[t];
     switch (kind) {
       case MERGECOMP_MEMORY_RESIDUAL: buffer[j] = __fsub_rn(p, s); return;
       case MERGECOMP_MEMORY_MOMENTUM: buffer[j] = p; return;
-      case MERGECOMP_MEMORY_DGC: {
-        const float u = NewMomentum(c, j, Gradient(c, j));
-        buffer[j] = __fmul_rn(u, s == 0.0f ? 1.0f : 0.0f);
-        buffer[c.size() + j] = __fsub_rn(p, s);
+      case MERGECOMP_MEMORY_DGC:
+        buffer[j] = __fmul_rn(NewMomentum(v.a, g), s == 0.0f ? 1.0f : 0.0f);
+        buffer[size + j] = __fsub_rn(p, s);
         return;
-      }
       default: return;
     }
   }
 
   // Sparse codecs: writes the compensated state (residual e <- p, from
-  // which the sent entries are subtracted later; momentum m <- p; dgc u, v)
-  // and returns p.
-  __device__ float CompensateInState(const Cursor& c, int64_t j, bool commit) const {
-    const float p = Compensated(c, j);
-    if (!commit) return p;
-    float* buffer = state[c.t];
+  // which the sent entries are subtracted later; momentum m <- p; dgc u, v).
+  __device__ void CompensateInState(int64_t t, int64_t j, int64_t size, const Loaded& v, float g,
+                                    float p) const {
+    float* buffer = state[t];
     if (kind == MERGECOMP_MEMORY_DGC) {
-      buffer[j] = NewMomentum(c, j, Gradient(c, j));
-      buffer[c.size() + j] = p;
+      buffer[j] = NewMomentum(v.a, g);
+      buffer[size + j] = p;
     } else {
       buffer[j] = p;
     }
-    return p;
   }
+};
+
+// The elements of a thread in one tile (gpu::TileElement): their tensors,
+// positions in them and loaded values. Loading all of them before using any
+// keeps kUnroll loads per thread in flight.
+struct TileElements {
+  int64_t t[gpu::kUnroll];
+  int64_t j[gpu::kUnroll];
+  int64_t size[gpu::kUnroll];
+  bool valid[gpu::kUnroll];
+  Loaded v[gpu::kUnroll];
+
+  __device__ void Load(const DeviceGroup& group, const DeviceMemory& memory, int64_t tile) {
+    Cursor c;
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(tile, u);
+      valid[u] = i < group.total;
+      if (!valid[u]) continue;
+      c.Seek(group, i);
+      t[u] = c.t;
+      j[u] = i - c.begin;
+      size[u] = c.size();
+      v[u] = memory.Load(c.t, j[u], size[u]);
+    }
+  }
+
+  // Speculative passes: marks the tensors holding an inf or a NaN. Lanes of a
+  // warp mostly share a tensor: one lane marks it once per run of elements.
+  // Every thread of the block must call it.
+  __device__ void MarkNonFinite(const DeviceMemory& memory) const {
+    const int lane = threadIdx.x & 31;
+    bool any = false;
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const bool bad =
+          valid[u] && (__float_as_uint(v[u].raw) & 0x7f800000u) == 0x7f800000u;
+      const unsigned mask = __ballot_sync(0xffffffffu, bad);
+      if (mask == 0) continue;
+      const int leader = __ffs(mask) - 1;
+      const long long leader_t = __shfl_sync(0xffffffffu, static_cast<long long>(bad ? t[u] : -1), leader);
+      if (bad && (lane == leader || t[u] != leader_t)) atomicExch(&memory.nonfinite[t[u]], 1);
+      any = true;
+    }
+    if (__syncthreads_or(any) && threadIdx.x == 0) atomicExch(memory.any_nonfinite, 1);
+  }
+};
+
+// How a pass over the gradients treats the non-finite flags.
+enum FlagsMode {
+  kFlagsKnown = 0,    // found by an earlier pass
+  kFindFlags = 1,     // this pass finds them, taking every gradient as stored
+  kRedoIfFound = 2,   // a repeat of the finding pass with the flags known, run
+                      // only when it found a non-finite tensor (else returns at once)
 };
 
 // ---- encode: flags and markers --------------------------------------------
 
-__global__ void NonFiniteKernel(DeviceGroup group, const float* const* inputs, int32_t* nonfinite,
-                                int32_t* any_nonfinite) {
+// The flags alone, for the codecs whose first pass over the gradients writes
+// the state (memories without a reduction pass before their codes).
+__global__ void NonFiniteKernel(DeviceGroup group, DeviceMemory memory) {
+  TileElements e;
   Cursor c;
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    const int64_t i = gpu::TileElement(blockIdx.x, u);
+    e.valid[u] = i < group.total;
+    if (!e.valid[u]) continue;
     c.Seek(group, i);
-    const uint32_t bits = __float_as_uint(inputs[c.t][i - c.begin]);
-    if ((bits & 0x7f800000u) == 0x7f800000u) {
-      nonfinite[c.t] = 1;
-      *any_nonfinite = 1;
-    }
-  });
+    e.t[u] = c.t;
+    e.v[u].raw = memory.inputs[c.t][i - c.begin];
+  }
+  e.MarkNonFinite(memory);
 }
 
 // One payload element per tensor: 1 (as uint8, float16 or float32) where
@@ -213,33 +283,43 @@ __global__ void FlagsFromMarkersKernel(int64_t num_tensors, const uint8_t* rows,
 
 // Per-block partials of the header's reduction over p: onebit (sum of the
 // "+" side, of the "-" side, count of "+"), efsignsgd (sum |p|), qsgd (sum
-// p^2), terngrad (max |p|, any NaN).
+// p^2), terngrad (max |p|, any NaN). A fixed grid strides over the tiles,
+// so the partials do not depend on timing. The first pass over the
+// gradients: with kFindFlags it marks the non-finite tensors too, and its
+// kRedoIfFound repeat recomputes the partials with them as zeros.
 template <Codec kCodec>
-__global__ void ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials) {
+__global__ void ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials, int mode) {
+  if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
   __shared__ double shared[kThreads];
   double a = 0.0, b = 0.0, c = 0.0;
-  Cursor cursor;
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
-    cursor.Seek(group, i);
-    const float p = memory.Compensated(cursor, i - cursor.begin);
-    if (kCodec == kOnebit) {
-      const bool plus = IsNonNegative(p);
-      a += plus ? static_cast<double>(p) : 0.0;
-      b += plus ? 0.0 : static_cast<double>(p);
-      c += plus ? 1.0 : 0.0;
-    } else if (kCodec == kEfsignsgd) {
-      a += fabs(static_cast<double>(p));
-    } else if (kCodec == kQsgd) {
-      a += static_cast<double>(p) * static_cast<double>(p);  // exact in double
-    } else {  // kTerngrad
-      const float magnitude = fabsf(p);
-      if (magnitude != magnitude) {
-        b = 1.0;
-      } else if (magnitude > a) {
-        a = magnitude;
+  const int64_t tiles = gpu::TilesFor(group.total);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    TileElements e;
+    e.Load(group, memory, tile);
+    if (mode == kFindFlags) e.MarkNonFinite(memory);
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (!e.valid[u]) continue;
+      const float p = memory.Compensated(e.v[u], memory.Gradient(e.t[u], e.v[u], mode != kFindFlags));
+      if (kCodec == kOnebit) {
+        const bool plus = IsNonNegative(p);
+        a += plus ? static_cast<double>(p) : 0.0;
+        b += plus ? 0.0 : static_cast<double>(p);
+        c += plus ? 1.0 : 0.0;
+      } else if (kCodec == kEfsignsgd) {
+        a += fabs(static_cast<double>(p));
+      } else if (kCodec == kQsgd) {
+        a += static_cast<double>(p) * static_cast<double>(p);  // exact in double
+      } else {  // kTerngrad
+        const float magnitude = fabsf(p);
+        if (magnitude != magnitude) {
+          b = 1.0;
+        } else if (magnitude > a) {
+          a = magnitude;
+        }
       }
     }
-  });
+  }
   double* mine = partials + blockIdx.x * gpu::kReduceFields;
   if (kCodec == kTerngrad) {
     a = gpu::BlockReduce(a, shared, gpu::MaxOp());
@@ -299,21 +379,33 @@ struct CodeParams {
   int bits;        // qsgd code width
 };
 
-// Elements per work item of the codes pass: a payload byte of sign bits (8)
-// or 2-bit codes (4), 8 qsgd codes (`bits` whole bytes), one fp16/none value.
+// Bits per element of the codes pass's packed payloads (0: float values).
 template <Codec kCodec>
-__host__ __device__ constexpr int ItemElements() {
-  return kCodec == kTerngrad ? 4 : (kCodec == kFp16 || kCodec == kNone ? 1 : 8);
+__device__ __forceinline__ int CodeBits(const CodeParams& params) {
+  return kCodec == kQsgd ? params.bits : (kCodec == kTerngrad ? 2 : (kCodec == kFp16 || kCodec == kNone ? 0 : 1));
 }
 
-// Codes of the group (and the state update) in one pass; headers were
-// written by HeaderKernel before.
+template <Codec kCodec>
+__host__ __device__ constexpr int64_t CodesHeaderBytes() {
+  return kCodec == kOnebit ? kOnebitHeaderBytes
+         : kCodec == kEfsignsgd ? kEfsignsgdHeaderBytes
+         : kCodec == kQsgd      ? kQsgdHeaderBytes
+         : kCodec == kTerngrad  ? kTerngradHeaderBytes
+                                : 0;
+}
+
+// Codes of the group (and the state update) in one pass over tiles; headers
+// were written by HeaderKernel before. Packed codes go out a warp at a time
+// (gpu::WarpPackCodes). Without memory and without a header this is the
+// first pass over the gradients (kFindFlags), repeated (kRedoIfFound) for a
+// group that holds a non-finite tensor.
 template <Codec kCodec>
 __global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams params,
-                            uint8_t* row) {
-  constexpr int kItem = ItemElements<kCodec>();
-  const bool commit = memory.Commit();
-  const bool update = memory.kind != MERGECOMP_MEMORY_NONE;
+                            uint8_t* row, int64_t code_bytes, int mode) {
+  if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
+  __shared__ uint32_t pack_scratch[kThreads];
+  const bool flags_known = mode != kFindFlags;
+  const bool commit = memory.Commit() && mode == kFlagsKnown;
   float hi = 1.0f, lo = -1.0f;  // signsgd: the majority of one row is its own sign
   if (kCodec == kOnebit) {
     hi = LoadFloat(row);
@@ -326,18 +418,21 @@ __global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams p
   const float qsgd_scale = kCodec == kQsgd ? gpu::QsgdScale(LoadFloat(row), levels) : 0.0f;
   const float qsgd_unit = kCodec == kQsgd ? __fdiv_rn(LoadFloat(row), levels) : 0.0f;
   const float max_abs = kCodec == kTerngrad ? LoadFloat(row) : 0.0f;
-  Cursor c;
-  const int64_t items = (group.total + kItem - 1) / kItem;
-  gpu::ForEachIndex(items, [&](int64_t item) {
-    uint64_t pending = 0;
-    int filled = 0;
-    uint8_t* qsgd_out = row + kQsgdHeaderBytes + item * params.bits;
-    for (int e = 0; e < kItem; ++e) {
-      const int64_t i = item * kItem + e;
-      if (i >= group.total) break;
-      c.Seek(group, i);
-      const int64_t j = i - c.begin;
-      const float p = memory.Compensated(c, j);
+  const int bits = CodeBits<kCodec>(params);
+  uint8_t* codes = row + CodesHeaderBytes<kCodec>();
+  const bool codes_aligned = (reinterpret_cast<uintptr_t>(codes) & 3) == 0;
+  uint32_t* warp_scratch = pack_scratch + (threadIdx.x & ~31);
+
+  TileElements e;
+  e.Load(group, memory, blockIdx.x);
+  if (mode == kFindFlags) e.MarkNonFinite(memory);
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    const int64_t i = gpu::TileElement(blockIdx.x, u);
+    uint32_t code = 0;
+    if (e.valid[u]) {
+      const float g = memory.Gradient(e.t[u], e.v[u], flags_known);
+      const float p = memory.Compensated(e.v[u], g);
       float s;
       if (kCodec == kNone) {
         reinterpret_cast<float*>(row)[i] = p;
@@ -347,50 +442,40 @@ __global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams p
         reinterpret_cast<__half*>(row)[i] = h;
         s = __half2float(h);
       } else if (kCodec == kQsgd) {
-        const uint32_t code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
-        pending |= static_cast<uint64_t>(code) << filled;
-        filled += params.bits;
-        while (filled >= 8) {
-          *qsgd_out++ = static_cast<uint8_t>(pending);
-          pending >>= 8;
-          filled -= 8;
-        }
+        code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
         s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code) -
                                          static_cast<int32_t>(params.levels)),
                       qsgd_unit);
       } else if (kCodec == kTerngrad) {
-        const uint32_t code = gpu::TernaryCode(p, max_abs, params.key, i);
-        pending |= static_cast<uint64_t>(code) << (2 * e);
+        code = gpu::TernaryCode(p, max_abs, params.key, i);
         s = __fmul_rn(max_abs, gpu::TernaryValue(code));
       } else {  // sign codecs
         const bool plus = IsNonNegative(p);
-        pending |= static_cast<uint64_t>(plus) << e;
+        code = plus ? 1u : 0u;
         s = plus ? hi : lo;
       }
-      if (update) memory.Update(c, j, p, s, commit);
+      if (commit) memory.Update(e.t[u], e.j[u], e.size[u], e.v[u], g, p, s);
     }
-    if (kCodec == kQsgd) {
-      if (filled > 0) *qsgd_out = static_cast<uint8_t>(pending);
-    } else if (kCodec == kTerngrad) {
-      row[kTerngradHeaderBytes + item] = static_cast<uint8_t>(pending);
-    } else if (kCodec == kSignsgd || kCodec == kOnebit || kCodec == kEfsignsgd) {
-      const int64_t header = kCodec == kOnebit      ? kOnebitHeaderBytes
-                             : kCodec == kEfsignsgd ? kEfsignsgdHeaderBytes
-                                                    : 0;
-      row[header + item] = static_cast<uint8_t>(pending);
+    if (bits > 0) {
+      gpu::WarpPackCodes(code, bits, i >> 5, codes, code_bytes, codes_aligned, warp_scratch);
     }
-  });
+  }
 }
 
 // ---- encode: sparse codecs ---------------------------------------------------
 
 __global__ void CompensateKernel(DeviceGroup group, DeviceMemory memory, float* p) {
   const bool commit = memory.Commit();
-  Cursor c;
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
-    c.Seek(group, i);
-    p[i] = memory.CompensateInState(c, i - c.begin, commit);
-  });
+  TileElements e;
+  e.Load(group, memory, blockIdx.x);
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    if (!e.valid[u]) continue;
+    const float g = memory.Gradient(e.t[u], e.v[u], true);
+    const float value = memory.Compensated(e.v[u], g);
+    p[gpu::TileElement(blockIdx.x, u)] = value;
+    if (commit) memory.CompensateInState(e.t[u], e.j[u], e.size[u], e.v[u], g, value);
+  }
 }
 
 // Random-k's scale n_i / k_i, rounded to float32 once (1 without scale).
@@ -410,6 +495,10 @@ __global__ void CorrectSentKernel(DeviceGroup group, DeviceMemory memory, int64_
                                   const int64_t* tensor_k, int scale) {
   if (!memory.Commit()) return;
   gpu::ForEachIndex(slots, [&](int64_t slot) {
+    // A slot sending 0 leaves the state as it is (e - 0, v - 0, u * 1); skipping
+    // it keeps DGC's padding slots (0 at index 0) from racing with a real
+    // slot at index 0 when fewer than k candidates exist.
+    if (values[slot] == 0.0f) return;
     const int64_t index = indices[slot];
     const int64_t t = group.TensorAt(index);
     const int64_t j = index - group.offsets[t];
@@ -638,24 +727,46 @@ __global__ void RandomkEmitKernel(DeviceGroup group, int64_t seed, RandomkSelect
 
 // ---- decode ------------------------------------------------------------------
 
+// The tensors and positions of a thread's elements in one tile (no loads).
+struct TileTargets {
+  int64_t t[gpu::kUnroll];
+  int64_t j[gpu::kUnroll];
+  bool valid[gpu::kUnroll];
+
+  __device__ explicit TileTargets(const DeviceGroup& group) {
+    Cursor c;
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(blockIdx.x, u);
+      valid[u] = i < group.total;
+      if (!valid[u]) continue;
+      c.Seek(group, i);
+      t[u] = c.t;
+      j[u] = i - c.begin;
+    }
+  }
+};
+
 template <Codec kCodec>
 __global__ void DenseDecodeKernel(DeviceGroup group, float* const* outputs, const uint8_t* rows,
                                   int64_t num_rows, int64_t row_bytes, int64_t levels, int bits,
                                   const int32_t* nonfinite) {
-  Cursor c;
+  const TileTargets targets(group);
   const float divisor = static_cast<float>(num_rows);
   const float levels_f = static_cast<float>(levels);
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
-    c.Seek(group, i);
-    float result;
+  float result[gpu::kUnroll];
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    const int64_t i = gpu::TileElement(blockIdx.x, u);
+    if (!targets.valid[u]) continue;
     if (kCodec == kNone) {
-      result = reinterpret_cast<const float*>(rows)[i];
+      result[u] = reinterpret_cast<const float*>(rows)[i];
     } else if (kCodec == kFp16) {
-      result = __half2float(reinterpret_cast<const __half*>(rows)[i]);
+      result[u] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
     } else if (kCodec == kSignsgd) {
       int64_t votes = 0;
       for (int64_t w = 0; w < num_rows; ++w) votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
-      result = votes >= 0 ? 1.0f : -1.0f;
+      result[u] = votes >= 0 ? 1.0f : -1.0f;
     } else {
       float total = 0.0f;
       for (int64_t w = 0; w < num_rows; ++w) {
@@ -677,69 +788,90 @@ __global__ void DenseDecodeKernel(DeviceGroup group, float* const* outputs, cons
         }
         total = w == 0 ? v : __fadd_rn(total, v);
       }
-      result = __fdiv_rn(total, divisor);
+      result[u] = __fdiv_rn(total, divisor);
     }
-    outputs[c.t][i - c.begin] = nonfinite[c.t] ? __int_as_float(0x7fc00000) : result;
-  });
+  }
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    if (!targets.valid[u]) continue;
+    outputs[targets.t[u]][targets.j[u]] =
+        nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : result[u];
+  }
 }
 
-__global__ void FillKernel(DeviceGroup group, float* const* outputs) {
-  Cursor c;
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
-    c.Seek(group, i);
-    outputs[c.t][i - c.begin] = 0.0f;
-  });
+// Sparse decode's start: 0 everywhere, NaN in the tensors a row marked
+// non-finite (which the scatters then leave alone).
+__global__ void FillKernel(DeviceGroup group, float* const* outputs, const int32_t* nonfinite) {
+  const TileTargets targets(group);
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    if (!targets.valid[u]) continue;
+    outputs[targets.t[u]][targets.j[u]] =
+        nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ int32_t LoadInt32(const uint8_t* bytes) {
+  int32_t value;
+  memcpy(&value, bytes, sizeof(value));
+  return value;
 }
 
 // Adds one row's k slots (topk/dgc) into the outputs. Within a row indices
 // are distinct except dgc's padding slots, which add 0: the atomics do not
-// make the sum order-dependent. An index outside the group sets *bad_index.
+// make the sum order-dependent. Rows lie back to back at any byte offset
+// (8k payload bytes, then the markers), so slots are read bytewise. An
+// index outside the group sets *bad_index; a marked tensor stays NaN.
 __global__ void ScatterAddKernel(DeviceGroup group, float* const* outputs, const uint8_t* row,
-                                 int64_t k, int32_t* bad_index) {
-  const float* values = reinterpret_cast<const float*>(row);
-  const int32_t* indices = reinterpret_cast<const int32_t*>(row + 4 * k);
+                                 int64_t k, const int32_t* nonfinite, int32_t* bad_index) {
   gpu::ForEachIndex(k, [&](int64_t slot) {
-    const int64_t index = indices[slot];
+    const int64_t index = LoadInt32(row + 4 * k + 4 * slot);
     if (index < 0 || index >= group.total) {
-      *bad_index = 1;
+      atomicExch(bad_index, 1);
       return;
     }
     const int64_t t = group.TensorAt(index);
-    atomicAdd(outputs[t] + (index - group.offsets[t]), values[slot]);
+    if (nonfinite[t]) return;
+    atomicAdd(outputs[t] + (index - group.offsets[t]), LoadFloat(row + 4 * slot));
   });
 }
 
 // Random-k: output[position] = value (scaled), as the CPU assigns.
 __global__ void ScatterAssignKernel(DeviceGroup group, float* const* outputs, const float* values,
                                     const int32_t* positions, int64_t slots,
-                                    const int64_t* tensor_k, int scale, int32_t* bad_index) {
+                                    const int64_t* tensor_k, int scale, const int32_t* nonfinite,
+                                    int32_t* bad_index) {
   gpu::ForEachIndex(slots, [&](int64_t slot) {
     const int64_t index = positions[slot];
     if (index < 0 || index >= group.total) {
-      *bad_index = 1;
+      atomicExch(bad_index, 1);
       return;
     }
     const int64_t t = group.TensorAt(index);
+    if (nonfinite[t]) return;
     const float value =
         scale ? __fmul_rn(values[slot], RandomkScale(group, tensor_k, 1, t)) : values[slot];
     outputs[t][index - group.offsets[t]] = value;
   });
 }
 
-// Divides by the number of rows (when more than one) and fills marked tensors with NaN.
-__global__ void FinishKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
+// More than one row: divides the sums by the number of rows (a marked
+// tensor's NaN stays as FillKernel wrote it).
+__global__ void DivideKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
                              const int32_t* nonfinite) {
-  Cursor c;
+  const TileTargets targets(group);
   const float divisor = static_cast<float>(num_rows);
-  gpu::ForEachIndex(group.total, [&](int64_t i) {
-    c.Seek(group, i);
-    float* out = outputs[c.t] + (i - c.begin);
-    if (nonfinite[c.t]) {
-      *out = __int_as_float(0x7fc00000);
-    } else if (num_rows > 1) {
-      *out = __fdiv_rn(*out, divisor);
+  float sum[gpu::kUnroll];
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    if (targets.valid[u]) sum[u] = outputs[targets.t[u]][targets.j[u]];
+  }
+#pragma unroll
+  for (int u = 0; u < gpu::kUnroll; ++u) {
+    if (targets.valid[u] && !nonfinite[targets.t[u]]) {
+      outputs[targets.t[u]][targets.j[u]] = __fdiv_rn(sum[u], divisor);
     }
-  });
+  }
 }
 
 // ---- host side -------------------------------------------------------------------
@@ -867,17 +999,32 @@ template <Codec kCodec>
 int EncodeDense(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
                 DeviceMemory memory, const Workspace& ws, int64_t seed, uint8_t* row,
                 cudaStream_t stream) {
-  if (kCodec == kOnebit || kCodec == kEfsignsgd || kCodec == kQsgd || kCodec == kTerngrad) {
+  constexpr bool kReduces =
+      kCodec == kOnebit || kCodec == kEfsignsgd || kCodec == kQsgd || kCodec == kTerngrad;
+  // The first pass over the gradients finds the non-finite tensors: the
+  // reduction; else the codes themselves when there is no state to write;
+  // else a pass of its own.
+  int codes_mode = kFlagsKnown;
+  if (kReduces) {
     // Launched also for an empty group: the header is written either way.
-    const int grid = gpu::ReduceGridFor(c.total);
-    ReduceKernel<kCodec><<<grid, kThreads, 0, stream>>>(group, memory, ws.partials);
+    const int grid = gpu::ReduceTileGridFor(c.total);
+    ReduceKernel<kCodec><<<grid, kThreads, 0, stream>>>(group, memory, ws.partials, kFindFlags);
+    ReduceKernel<kCodec><<<grid, kThreads, 0, stream>>>(group, memory, ws.partials, kRedoIfFound);
     HeaderKernel<kCodec><<<1, kThreads, 0, stream>>>(ws.partials, grid, c.total, row);
     MERGECOMP_RETURN_IF_ERROR(cudaGetLastError());
+  } else if (memory.kind == MERGECOMP_MEMORY_NONE) {
+    codes_mode = kFindFlags;
+  } else {
+    MERGECOMP_RETURN_IF_ERROR(gpu::LaunchTiles(c.total, stream, NonFiniteKernel, group, memory));
   }
-  CodeParams params{MakeSeedKey(seed), codec->levels,
-                    kCodec == kQsgd ? QsgdCodeBits(codec->levels) : 0};
-  const int64_t items = (c.total + ItemElements<kCodec>() - 1) / ItemElements<kCodec>();
-  return gpu::LaunchOver(items, stream, CodesKernel<kCodec>, group, memory, params, row);
+  const CodeParams params{MakeSeedKey(seed), codec->levels,
+                          kCodec == kQsgd ? QsgdCodeBits(codec->levels) : 0};
+  const int64_t code_bytes = c.payload_bytes - CodesHeaderBytes<kCodec>();
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchTiles(c.total, stream, CodesKernel<kCodec>, group, memory,
+                                             params, row, code_bytes, codes_mode));
+  if (codes_mode != kFindFlags) return 0;
+  return gpu::LaunchTiles(c.total, stream, CodesKernel<kCodec>, group, memory, params, row,
+                          code_bytes, static_cast<int>(kRedoIfFound));
 }
 
 // Random-k's selections of the whole group (the kernels above): the chunk
@@ -913,7 +1060,8 @@ int SelectRandomk(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup 
 int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_group,
                  const Checked& c, DeviceGroup group, DeviceMemory memory, const Workspace& ws,
                  int64_t seed, uint8_t* row, int32_t* codec_context, cudaStream_t stream) {
-  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, CompensateKernel, group, memory, ws.p));
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchTiles(c.total, stream, NonFiniteKernel, group, memory));
+  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchTiles(c.total, stream, CompensateKernel, group, memory, ws.p));
   const float* values = reinterpret_cast<const float*>(row);
   int64_t slots = 0;
   const int32_t* indices = nullptr;
@@ -966,26 +1114,51 @@ int DecodeSparse(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup g
                  bool report_bad_index, cudaStream_t stream) {
   int32_t* bad_index = ws.head + 1;
   MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(bad_index, 0, sizeof(int32_t), stream));
-  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, FillKernel, group, outputs));
-  int64_t effective_rows = num_rows;
+  MERGECOMP_RETURN_IF_ERROR(
+      gpu::LaunchTiles(c.total, stream, FillKernel, group, outputs, nonfinite));
   if (c.codec == kRandomk) {
     // The averaged row of an allreduce: values at this group's own positions.
-    effective_rows = 1;
     MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(
         c.context_size, stream, ScatterAssignKernel, group, outputs,
         reinterpret_cast<const float*>(rows), codec_context, c.context_size, codec->tensor_k,
-        codec->scale, bad_index));
+        codec->scale, nonfinite, bad_index));
   } else {
     // One launch per row: rows add in worker order, as on the CPU.
     for (int64_t w = 0; w < num_rows; ++w) {
       MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(codec->k, stream, ScatterAddKernel, group,
                                                 outputs, rows + w * c.row_bytes, codec->k,
-                                                bad_index));
+                                                nonfinite, bad_index));
+    }
+    if (num_rows > 1) {
+      MERGECOMP_RETURN_IF_ERROR(
+          gpu::LaunchTiles(c.total, stream, DivideKernel, group, outputs, num_rows, nonfinite));
     }
   }
-  MERGECOMP_RETURN_IF_ERROR(
-      gpu::LaunchOver(c.total, stream, FinishKernel, group, outputs, effective_rows, nonfinite));
   return report_bad_index ? BadIndexResult(bad_index, stream) : 0;
+}
+
+// The codec's payload (the markers come after, once its first pass found the
+// non-finite tensors).
+int EncodePayload(const MergecompGpuCodec* codec, const MergecompGpuGroup* group,
+                  const Checked& c, DeviceGroup device_group, const DeviceMemory& memory,
+                  const Workspace& ws, int64_t seed, uint8_t* row, int32_t* codec_context,
+                  cudaStream_t stream) {
+  switch (c.codec) {
+    case kNone: return EncodeDense<kNone>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kFp16: return EncodeDense<kFp16>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kSignsgd:
+      return EncodeDense<kSignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kOnebit:
+      return EncodeDense<kOnebit>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kEfsignsgd:
+      return EncodeDense<kEfsignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kQsgd: return EncodeDense<kQsgd>(codec, c, device_group, memory, ws, seed, row, stream);
+    case kTerngrad:
+      return EncodeDense<kTerngrad>(codec, c, device_group, memory, ws, seed, row, stream);
+    default:
+      return EncodeSparse(codec, group, c, device_group, memory, ws, seed, row, codec_context,
+                          stream);
+  }
 }
 
 }  // namespace group_gpu
@@ -1034,30 +1207,14 @@ extern "C" int mergecomp_group_encode_gpu(const MergecompGpuCodec* codec,
   const Workspace ws = Carve(workspace, c);
   MERGECOMP_RETURN_IF_ERROR(cudaMemsetAsync(ws.head, 0, kAlign + Aligned(4 * c.num_tensors), stream));
   const DeviceGroup device_group = MakeDeviceGroup(group, c);
-  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.total, stream, NonFiniteKernel, device_group,
-                                            group->inputs, ws.flags, ws.head));
-  MERGECOMP_RETURN_IF_ERROR(gpu::LaunchOver(c.num_tensors, stream, MarkersKernel, c.num_tensors,
-                                            static_cast<const int32_t*>(ws.flags),
-                                            static_cast<int>(codec->marker_bytes),
-                                            row + c.payload_bytes));
   const DeviceMemory memory{codec->memory, codec->decay, codec->gradient_scale, group->inputs,
                             group->state,  ws.flags,     ws.head};
-  switch (c.codec) {
-    case kNone: return EncodeDense<kNone>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kFp16: return EncodeDense<kFp16>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kSignsgd:
-      return EncodeDense<kSignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kOnebit:
-      return EncodeDense<kOnebit>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kEfsignsgd:
-      return EncodeDense<kEfsignsgd>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kQsgd: return EncodeDense<kQsgd>(codec, c, device_group, memory, ws, seed, row, stream);
-    case kTerngrad:
-      return EncodeDense<kTerngrad>(codec, c, device_group, memory, ws, seed, row, stream);
-    default:
-      return EncodeSparse(codec, group, c, device_group, memory, ws, seed, row, codec_context,
-                          stream);
-  }
+  MERGECOMP_RETURN_IF_ERROR(EncodePayload(codec, group, c, device_group, memory, ws, seed, row,
+                                          codec_context, stream));
+  // The markers, once the codec's first pass has found the non-finite tensors.
+  return gpu::LaunchOver(c.num_tensors, stream, MarkersKernel, c.num_tensors,
+                         static_cast<const int32_t*>(ws.flags),
+                         static_cast<int>(codec->marker_bytes), row + c.payload_bytes);
 }
 
 namespace {
