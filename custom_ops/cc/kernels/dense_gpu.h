@@ -60,10 +60,48 @@ __device__ __forceinline__ int64_t TileElement(int64_t tile, int u) {
   return tile * kTileElements + int64_t{u} * kThreads + threadIdx.x;
 }
 
-// Blocks of a grid-stride pass over tiles (reductions): at most kReduceBlocks.
+// The tile kernels' launch bounds: kThreads threads, and at least
+// MERGECOMP_TILE_MIN_BLOCKS blocks resident per multiprocessor (a cap on
+// registers per thread; 1 leaves them to the compiler).
+#ifndef MERGECOMP_TILE_MIN_BLOCKS
+#define MERGECOMP_TILE_MIN_BLOCKS 1
+#endif
+#define MERGECOMP_TILE_KERNEL \
+  __global__ void __launch_bounds__(::tf_mergecomp::gpu::kThreads, MERGECOMP_TILE_MIN_BLOCKS)
+
+// Blocks of a reduction over tiles: at most kReduceBlocks.
 inline int ReduceTileGridFor(int64_t n) {
   const int64_t tiles = TilesFor(n);
   return static_cast<int>(tiles < 1 ? 1 : (tiles > kReduceBlocks ? kReduceBlocks : tiles));
+}
+
+// The tiles of the calling block: a contiguous run of the TilesFor(n) tiles,
+// the grid's blocks taking equal shares in order. A block so walks its
+// elements forward (a segment cursor then steps to the next segment instead of
+// searching), and its fixed start-up cost is paid once for many tiles.
+struct TileRange {
+  int64_t begin;
+  int64_t end;
+};
+__device__ __forceinline__ TileRange TilesOfBlock(int64_t n) {
+  const int64_t tiles = TilesFor(n);
+  return TileRange{tiles * blockIdx.x / gridDim.x, tiles * (blockIdx.x + 1) / gridDim.x};
+}
+
+// Blocks the device holds at once (kThreads threads each; at least 1): the
+// grid of a tile pass, which then loops over its share of the tiles.
+inline int64_t ResidentBlocks() {
+  static const int64_t blocks = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        sms < 1) {
+      cudaGetLastError();  // clears the failed query's error
+      sms = 1;
+    }
+    return int64_t{sms} * (2048 / kThreads);
+  }();
+  return blocks;
 }
 
 // Kernels over a list of segments (a group's tensors, PowerSGD's matrices)
@@ -92,6 +130,13 @@ struct SegmentCursor {
 
   __device__ void Seek(const int64_t* offsets, int64_t count, int64_t i) {
     if (i >= begin && i < end) return;
+    if (i >= end && t + 2 <= count && i < offsets[t + 2] && end > begin) {
+      // The next segment (the common step of a forward walk).
+      ++t;
+      begin = end;
+      end = offsets[t + 1];
+      if (i >= begin) return;
+    }
     t = SegmentAt(offsets, count, i);
     begin = offsets[t];
     end = offsets[t + 1];
@@ -240,14 +285,14 @@ inline int LaunchOver(int64_t work_items, void* stream, void (*kernel)(Params...
   return ErrorCode();
 }
 
-// Launches `kernel(args...)` with one block of kThreads threads per tile of
-// [0, n) (blockIdx.x is the tile); returns 0 without launching when n == 0.
+// Launches `kernel(args...)` over the tiles of [0, n) (each block loops over
+// TilesOfBlock(n)); returns 0 without launching when n == 0.
 template <typename... Params, typename... Args>
 inline int LaunchTiles(int64_t n, void* stream, void (*kernel)(Params...), Args... args) {
   if (n == 0) return 0;
   const int64_t tiles = TilesFor(n);
-  if (tiles > INT32_MAX) return static_cast<int>(cudaErrorInvalidConfiguration);
-  kernel<<<static_cast<unsigned>(tiles), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+  const int64_t blocks = tiles < ResidentBlocks() ? tiles : ResidentBlocks();
+  kernel<<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       args...);
   return ErrorCode();
 }

@@ -28,10 +28,13 @@ namespace {
 
 constexpr int kRefinements = 3;  // kDgcRefinements in dgc_op.h
 
+// The threshold search: the sampled threshold t and the counts of
+// candidates at t, t/2 and t/4, all found in one pass; the threshold is the
+// first of t, t/2, t/4, t/8 reached by at least k entries (t/8 if none), as
+// kRefinements rounds of halving and recounting choose it.
 struct DgcState {
   float threshold;
-  int active;
-  unsigned long long count;
+  unsigned long long count[kRefinements];
 };
 
 __global__ void SampleKernel(const float* input, int64_t n, SeedKey seed_key,
@@ -45,29 +48,47 @@ __global__ void SampleKernel(const float* input, int64_t n, SeedKey seed_key,
 
 __global__ void SetThresholdKernel(const gpu_select::SelectState* sample_state, DgcState* dgc) {
   dgc->threshold = __uint_as_float(sample_state->prefix);
-  dgc->active = 1;
-  dgc->count = 0;
+  for (int r = 0; r < kRefinements; ++r) dgc->count[r] = 0;
 }
 
+// The candidates at t, t/2 and t/4 (halved as RefineKernel halves), one pass.
 __global__ void CountKernel(const float* input, int64_t n, DgcState* dgc) {
-  if (!dgc->active) return;
-  const uint32_t threshold_key = gpu_select::MagnitudeKeyDevice(dgc->threshold);
-  __shared__ double shared[gpu::kThreads];
-  double count = 0.0;  // exact: counts stay far below 2^53
-  gpu::ForEachIndex(n, [&](int64_t i) {
-    count += gpu_select::MagnitudeKeyDevice(input[i]) >= threshold_key ? 1.0 : 0.0;
-  });
-  count = gpu::BlockSum(count, shared);
-  if (threadIdx.x == 0 && count > 0.0) {
-    atomicAdd(&dgc->count, static_cast<unsigned long long>(count));
+  uint32_t threshold_keys[kRefinements];
+  float threshold = dgc->threshold;
+  for (int r = 0; r < kRefinements; ++r) {
+    threshold_keys[r] = gpu_select::MagnitudeKeyDevice(threshold);
+    threshold = threshold * 0.5f;
+  }
+  unsigned long long counts[kRefinements] = {};
+  const gpu::TileRange tiles = gpu::TilesOfBlock(n);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    uint32_t keys[gpu::kUnroll];
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(tile, u);
+      keys[u] = i < n ? gpu_select::MagnitudeKeyDevice(input[i]) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const bool valid = gpu::TileElement(tile, u) < n;
+      for (int r = 0; r < kRefinements; ++r) counts[r] += valid && keys[u] >= threshold_keys[r];
+    }
+  }
+  for (int r = 0; r < kRefinements; ++r) {
+    unsigned long long count = counts[r];
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      count += __shfl_down_sync(0xffffffffu, count, offset);
+    }
+    if ((threadIdx.x & 31) == 0 && count > 0) atomicAdd(&dgc->count[r], count);
   }
 }
 
+// Halves the threshold while fewer than k entries reach it, at most
+// kRefinements times.
 __global__ void RefineKernel(DgcState* dgc, long long k) {
-  dgc->active = static_cast<long long>(dgc->count) < k;
-  if (dgc->active) {
+  for (int r = 0; r < kRefinements; ++r) {
+    if (static_cast<long long>(dgc->count[r]) >= k) return;
     dgc->threshold = dgc->threshold * 0.5f;
-    dgc->count = 0;
   }
 }
 
@@ -122,11 +143,9 @@ extern "C" int mergecomp_dgc_encode_gpu(const float* input, int64_t n, int64_t s
   rank = rank < 1 ? 1 : (rank > sample_size ? sample_size : rank);
   gpu_select::LaunchSelect(sample_size, rank, SampleKey{sample_keys}, sample_ws, stream);
   SetThresholdKernel<<<1, 1, 0, stream>>>(sample_ws.state, dgc);
-  CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
-  for (int round = 0; round < kRefinements; ++round) {
-    RefineKernel<<<1, 1, 0, stream>>>(dgc, k);
-    CountKernel<<<gpu::GridFor(n), gpu::kThreads, 0, stream>>>(input, n, dgc);
-  }
+  const int error = gpu::LaunchTiles(n, stream, CountKernel, input, n, dgc);
+  if (error != 0) return error;
+  RefineKernel<<<1, 1, 0, stream>>>(dgc, k);
   MaskedKey key{input, dgc};
   gpu_select::LaunchSelect(n, k, key, ws, stream);
   DropNonCandidatesKernel<<<1, 1, 0, stream>>>(ws.state);

@@ -175,8 +175,8 @@ struct TileElements {
   bool valid[gpu::kUnroll];
   Loaded v[gpu::kUnroll];
 
-  __device__ void Load(const DeviceGroup& group, const DeviceMemory& memory, int64_t tile) {
-    Cursor c;
+  __device__ void Load(const DeviceGroup& group, const DeviceMemory& memory, int64_t tile,
+                       Cursor& c) {
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
       const int64_t i = gpu::TileElement(tile, u);
@@ -223,19 +223,22 @@ enum FlagsMode {
 
 // The flags alone, for the codecs whose first pass over the gradients writes
 // the state (memories without a reduction pass before their codes).
-__global__ void NonFiniteKernel(DeviceGroup group, DeviceMemory memory) {
-  TileElements e;
+MERGECOMP_TILE_KERNEL NonFiniteKernel(DeviceGroup group, DeviceMemory memory) {
   Cursor c;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    TileElements e;
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    const int64_t i = gpu::TileElement(blockIdx.x, u);
-    e.valid[u] = i < group.total;
-    if (!e.valid[u]) continue;
-    c.Seek(group, i);
-    e.t[u] = c.t;
-    e.v[u].raw = memory.inputs[c.t][i - c.begin];
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(tile, u);
+      e.valid[u] = i < group.total;
+      if (!e.valid[u]) continue;
+      c.Seek(group, i);
+      e.t[u] = c.t;
+      e.v[u].raw = memory.inputs[c.t][i - c.begin];
+    }
+    e.MarkNonFinite(memory);
   }
-  e.MarkNonFinite(memory);
 }
 
 // One payload element per tensor: 1 (as uint8, float16 or float32) where
@@ -283,19 +286,20 @@ __global__ void FlagsFromMarkersKernel(int64_t num_tensors, const uint8_t* rows,
 
 // Per-block partials of the header's reduction over p: onebit (sum of the
 // "+" side, of the "-" side, count of "+"), efsignsgd (sum |p|), qsgd (sum
-// p^2), terngrad (max |p|, any NaN). A fixed grid strides over the tiles,
-// so the partials do not depend on timing. The first pass over the
+// p^2), terngrad (max |p|, any NaN). A fixed grid splits the tiles in
+// contiguous shares, so the partials do not depend on timing. The first pass over the
 // gradients: with kFindFlags it marks the non-finite tensors too, and its
 // kRedoIfFound repeat recomputes the partials with them as zeros.
 template <Codec kCodec>
-__global__ void ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials, int mode) {
+MERGECOMP_TILE_KERNEL ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials, int mode) {
   if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
   __shared__ double shared[kThreads];
   double a = 0.0, b = 0.0, c = 0.0;
-  const int64_t tiles = gpu::TilesFor(group.total);
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
     TileElements e;
-    e.Load(group, memory, tile);
+    e.Load(group, memory, tile, cursor);
     if (mode == kFindFlags) e.MarkNonFinite(memory);
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
@@ -400,7 +404,7 @@ __host__ __device__ constexpr int64_t CodesHeaderBytes() {
 // first pass over the gradients (kFindFlags), repeated (kRedoIfFound) for a
 // group that holds a non-finite tensor.
 template <Codec kCodec>
-__global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams params,
+MERGECOMP_TILE_KERNEL CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams params,
                             uint8_t* row, int64_t code_bytes, int mode) {
   if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
   __shared__ uint32_t pack_scratch[kThreads];
@@ -423,58 +427,66 @@ __global__ void CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams p
   const bool codes_aligned = (reinterpret_cast<uintptr_t>(codes) & 3) == 0;
   uint32_t* warp_scratch = pack_scratch + (threadIdx.x & ~31);
 
-  TileElements e;
-  e.Load(group, memory, blockIdx.x);
-  if (mode == kFindFlags) e.MarkNonFinite(memory);
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    TileElements e;
+    e.Load(group, memory, tile, cursor);
+    if (mode == kFindFlags) e.MarkNonFinite(memory);
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    const int64_t i = gpu::TileElement(blockIdx.x, u);
-    uint32_t code = 0;
-    if (e.valid[u]) {
-      const float g = memory.Gradient(e.t[u], e.v[u], flags_known);
-      const float p = memory.Compensated(e.v[u], g);
-      float s;
-      if (kCodec == kNone) {
-        reinterpret_cast<float*>(row)[i] = p;
-        s = p;
-      } else if (kCodec == kFp16) {
-        const __half h = __float2half_rn(p);
-        reinterpret_cast<__half*>(row)[i] = h;
-        s = __half2float(h);
-      } else if (kCodec == kQsgd) {
-        code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
-        s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code) -
-                                         static_cast<int32_t>(params.levels)),
-                      qsgd_unit);
-      } else if (kCodec == kTerngrad) {
-        code = gpu::TernaryCode(p, max_abs, params.key, i);
-        s = __fmul_rn(max_abs, gpu::TernaryValue(code));
-      } else {  // sign codecs
-        const bool plus = IsNonNegative(p);
-        code = plus ? 1u : 0u;
-        s = plus ? hi : lo;
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(tile, u);
+      uint32_t code = 0;
+      if (e.valid[u]) {
+        const float g = memory.Gradient(e.t[u], e.v[u], flags_known);
+        const float p = memory.Compensated(e.v[u], g);
+        float s;
+        if (kCodec == kNone) {
+          reinterpret_cast<float*>(row)[i] = p;
+          s = p;
+        } else if (kCodec == kFp16) {
+          const __half h = __float2half_rn(p);
+          reinterpret_cast<__half*>(row)[i] = h;
+          s = __half2float(h);
+        } else if (kCodec == kQsgd) {
+          code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
+          s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code) -
+                                           static_cast<int32_t>(params.levels)),
+                        qsgd_unit);
+        } else if (kCodec == kTerngrad) {
+          code = gpu::TernaryCode(p, max_abs, params.key, i);
+          s = __fmul_rn(max_abs, gpu::TernaryValue(code));
+        } else {  // sign codecs
+          const bool plus = IsNonNegative(p);
+          code = plus ? 1u : 0u;
+          s = plus ? hi : lo;
+        }
+        if (commit) memory.Update(e.t[u], e.j[u], e.size[u], e.v[u], g, p, s);
       }
-      if (commit) memory.Update(e.t[u], e.j[u], e.size[u], e.v[u], g, p, s);
-    }
-    if (bits > 0) {
-      gpu::WarpPackCodes(code, bits, i >> 5, codes, code_bytes, codes_aligned, warp_scratch);
+      if (bits > 0) {
+        gpu::WarpPackCodes(code, bits, i >> 5, codes, code_bytes, codes_aligned, warp_scratch);
+      }
     }
   }
 }
 
 // ---- encode: sparse codecs ---------------------------------------------------
 
-__global__ void CompensateKernel(DeviceGroup group, DeviceMemory memory, float* p) {
+MERGECOMP_TILE_KERNEL CompensateKernel(DeviceGroup group, DeviceMemory memory, float* p) {
   const bool commit = memory.Commit();
-  TileElements e;
-  e.Load(group, memory, blockIdx.x);
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    TileElements e;
+    e.Load(group, memory, tile, cursor);
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    if (!e.valid[u]) continue;
-    const float g = memory.Gradient(e.t[u], e.v[u], true);
-    const float value = memory.Compensated(e.v[u], g);
-    p[gpu::TileElement(blockIdx.x, u)] = value;
-    if (commit) memory.CompensateInState(e.t[u], e.j[u], e.size[u], e.v[u], g, value);
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (!e.valid[u]) continue;
+      const float g = memory.Gradient(e.t[u], e.v[u], true);
+      const float value = memory.Compensated(e.v[u], g);
+      p[gpu::TileElement(tile, u)] = value;
+      if (commit) memory.CompensateInState(e.t[u], e.j[u], e.size[u], e.v[u], g, value);
+    }
   }
 }
 
@@ -571,16 +583,28 @@ RandomkSelect CarveRandomkSelect(void* base, int64_t num_tensors, int64_t chunks
   return ws;
 }
 
-// One thread: the chunk and slot bases (prefix sums over the tensors).
+// One block: the chunk and slot bases (prefix sums over the tensors, each
+// thread a contiguous run of them).
 __global__ void RandomkTablesKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
-  int64_t chunks = 0, slots = 0;
-  for (int64_t t = 0; t < group.num_tensors; ++t) {
+  const int64_t count = group.num_tensors;
+  const int64_t per = (count + kThreads - 1) / kThreads;
+  const int64_t begin = threadIdx.x * per;
+  const int64_t end = begin + per < count ? begin + per : count;
+  long long my_chunks = 0, my_slots = 0;
+  for (int64_t t = begin; t < end; ++t) {
+    if (tensor_k[t] > 0) my_chunks += RandomkChunks(group.offsets[t + 1] - group.offsets[t]);
+    my_slots += tensor_k[t];
+  }
+  long long all_chunks = 0, all_slots = 0;
+  long long chunks = gpu_select::BlockExclusiveSum(my_chunks, &all_chunks);
+  long long slots = gpu_select::BlockExclusiveSum(my_slots, &all_slots);
+  for (int64_t t = begin; t < end; ++t) {
     ws.chunk_base[t] = chunks;
     ws.slot_base[t] = slots;
     if (tensor_k[t] > 0) chunks += RandomkChunks(group.offsets[t + 1] - group.offsets[t]);
     slots += tensor_k[t];
   }
-  ws.chunk_base[group.num_tensors] = chunks;
+  if (threadIdx.x == 0) ws.chunk_base[count] = all_chunks;
 }
 
 // One block per tensor: the threshold search's state and a zero histogram.
@@ -596,37 +620,49 @@ __global__ void RandomkInitKernel(DeviceGroup group, const int64_t* tensor_k, Ra
   }
 }
 
+// One radix pass's histograms: each block a contiguous share of the group's
+// elements, counted tensor by tensor in a shared-memory histogram that is
+// then added to the tensor's global one (one atomic per non-empty bin, not
+// one per element).
 __global__ void RandomkHistogramKernel(DeviceGroup group, const int64_t* tensor_k, int64_t seed,
                                        RandomkSelect ws, int shift, int bins) {
-  Cursor tensor;
-  int64_t current = -1;
-  SeedKey key{};
-  uint32_t prefix = 0, prefix_mask = 0;
+  __shared__ uint32_t local[gpu_select::kMaxBins];
+  const int64_t lo = group.total * blockIdx.x / gridDim.x;
+  const int64_t hi = group.total * (blockIdx.x + 1) / gridDim.x;
+  if (lo >= hi) return;
   const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
-  gpu::ForEachIndex(group.total, [&](int64_t e) {
-    tensor.Seek(group, e);
-    const int64_t t = tensor.t;
-    if (tensor_k[t] == 0) return;
-    if (t != current) {
-      current = t;
-      key = MakeSeedKey(TensorSeed(seed, t));
-      prefix = ws.state[t].prefix;
-      prefix_mask = ws.state[t].prefix_mask;
+  int64_t t = group.TensorAt(lo);
+  for (int64_t begin = lo; begin < hi;) {
+    while (group.offsets[t + 1] <= begin) ++t;  // empty tensors
+    const int64_t offset = group.offsets[t];
+    const int64_t end = group.offsets[t + 1] < hi ? group.offsets[t + 1] : hi;
+    if (tensor_k[t] > 0) {
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
+      __syncthreads();
+      const SeedKey key = MakeSeedKey(TensorSeed(seed, t));
+      const uint32_t prefix = ws.state[t].prefix, prefix_mask = ws.state[t].prefix_mask;
+      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+        const uint32_t bits = RandomBits(key, static_cast<uint32_t>(i - offset));
+        if ((bits & prefix_mask) == prefix) atomicAdd(&local[(bits >> shift) & digit_mask], 1u);
+      }
+      __syncthreads();
+      uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
+      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
+        if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
+      }
+      __syncthreads();
     }
-    const uint32_t bits = RandomBits(key, static_cast<uint32_t>(e - tensor.begin));
-    if ((bits & prefix_mask) == prefix) {
-      atomicAdd(&ws.histogram[t * gpu_select::kMaxBins + ((bits >> shift) & digit_mask)], 1u);
-    }
-  });
+    begin = end;
+  }
 }
 
-// One thread per tensor: gpu_select::ChooseDigit on the tensor's histogram.
+// One block per tensor: gpu_select::ChooseDigit on the tensor's histogram.
 __global__ void RandomkChooseDigitKernel(DeviceGroup group, const int64_t* tensor_k,
                                          RandomkSelect ws, int shift, int bins) {
-  gpu::ForEachIndex(group.num_tensors, [&](int64_t t) {
-    if (tensor_k[t] == 0) return;
+  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
+    if (tensor_k[t] == 0) continue;
     gpu_select::ChooseDigit(&ws.state[t], ws.histogram + t * gpu_select::kMaxBins, shift, bins);
-  });
+  }
 }
 
 // The tensor of chunk `chunk` and the chunk's element range in it.
@@ -663,21 +699,14 @@ __global__ void RandomkCountKernel(DeviceGroup group, int64_t seed, RandomkSelec
   }
 }
 
-// One thread per tensor: the serial split of its ties over its chunks
-// (gpu_select::ScanChunksKernel), starts in the group's slots.
+// One block per tensor: the split of its ties over its chunks
+// (gpu_select::SplitTies), starts in the group's slots.
 __global__ void RandomkScanKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
-  gpu::ForEachIndex(group.num_tensors, [&](int64_t t) {
-    if (tensor_k[t] == 0) return;
-    long long ties_left = ws.state[t].remaining;
-    long long position = ws.slot_base[t];
-    for (int64_t c = ws.chunk_base[t]; c < ws.chunk_base[t + 1]; ++c) {
-      const long long take = ws.ties[c] < ties_left ? ws.ties[c] : ties_left;
-      ties_left -= take;
-      ws.ties[c] = take;
-      ws.start[c] = position;
-      position += ws.greater[c] + take;
-    }
-  });
+  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
+    if (tensor_k[t] == 0) continue;
+    gpu_select::SplitTies(ws.chunk_base[t], ws.chunk_base[t + 1] - ws.chunk_base[t],
+                          ws.state[t].remaining, ws.slot_base[t], ws.greater, ws.ties, ws.start);
+  }
 }
 
 // One block per chunk (gpu_select::EmitKernel): values and group positions
@@ -733,11 +762,10 @@ struct TileTargets {
   int64_t j[gpu::kUnroll];
   bool valid[gpu::kUnroll];
 
-  __device__ explicit TileTargets(const DeviceGroup& group) {
-    Cursor c;
+  __device__ TileTargets(const DeviceGroup& group, int64_t tile, Cursor& c) {
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(blockIdx.x, u);
+      const int64_t i = gpu::TileElement(tile, u);
       valid[u] = i < group.total;
       if (!valid[u]) continue;
       c.Seek(group, i);
@@ -748,66 +776,74 @@ struct TileTargets {
 };
 
 template <Codec kCodec>
-__global__ void DenseDecodeKernel(DeviceGroup group, float* const* outputs, const uint8_t* rows,
+MERGECOMP_TILE_KERNEL DenseDecodeKernel(DeviceGroup group, float* const* outputs, const uint8_t* rows,
                                   int64_t num_rows, int64_t row_bytes, int64_t levels, int bits,
                                   const int32_t* nonfinite) {
-  const TileTargets targets(group);
   const float divisor = static_cast<float>(num_rows);
   const float levels_f = static_cast<float>(levels);
-  float result[gpu::kUnroll];
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    const TileTargets targets(group, tile, cursor);
+    float result[gpu::kUnroll];
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    const int64_t i = gpu::TileElement(blockIdx.x, u);
-    if (!targets.valid[u]) continue;
-    if (kCodec == kNone) {
-      result[u] = reinterpret_cast<const float*>(rows)[i];
-    } else if (kCodec == kFp16) {
-      result[u] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
-    } else if (kCodec == kSignsgd) {
-      int64_t votes = 0;
-      for (int64_t w = 0; w < num_rows; ++w) votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
-      result[u] = votes >= 0 ? 1.0f : -1.0f;
-    } else {
-      float total = 0.0f;
-      for (int64_t w = 0; w < num_rows; ++w) {
-        const uint8_t* row = rows + w * row_bytes;
-        float v;
-        if (kCodec == kOnebit) {
-          v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
-        } else if (kCodec == kEfsignsgd) {
-          const float scale = LoadFloat(row);
-          v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
-        } else if (kCodec == kQsgd) {
-          const float unit = __fdiv_rn(LoadFloat(row), levels_f);
-          v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
-                                           static_cast<int32_t>(levels)),
-                        unit);
-        } else {  // kTerngrad
-          const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
-          v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      const int64_t i = gpu::TileElement(tile, u);
+      if (!targets.valid[u]) continue;
+      if (kCodec == kNone) {
+        result[u] = reinterpret_cast<const float*>(rows)[i];
+      } else if (kCodec == kFp16) {
+        result[u] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
+      } else if (kCodec == kSignsgd) {
+        int64_t votes = 0;
+        for (int64_t w = 0; w < num_rows; ++w) votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
+        result[u] = votes >= 0 ? 1.0f : -1.0f;
+      } else {
+        float total = 0.0f;
+        for (int64_t w = 0; w < num_rows; ++w) {
+          const uint8_t* row = rows + w * row_bytes;
+          float v;
+          if (kCodec == kOnebit) {
+            v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
+          } else if (kCodec == kEfsignsgd) {
+            const float scale = LoadFloat(row);
+            v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
+          } else if (kCodec == kQsgd) {
+            const float unit = __fdiv_rn(LoadFloat(row), levels_f);
+            v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
+                                             static_cast<int32_t>(levels)),
+                          unit);
+          } else {  // kTerngrad
+            const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
+            v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
+          }
+          total = w == 0 ? v : __fadd_rn(total, v);
         }
-        total = w == 0 ? v : __fadd_rn(total, v);
+        result[u] = __fdiv_rn(total, divisor);
       }
-      result[u] = __fdiv_rn(total, divisor);
     }
-  }
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    if (!targets.valid[u]) continue;
-    outputs[targets.t[u]][targets.j[u]] =
-        nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : result[u];
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (!targets.valid[u]) continue;
+      outputs[targets.t[u]][targets.j[u]] =
+          nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : result[u];
+    }
   }
 }
 
 // Sparse decode's start: 0 everywhere, NaN in the tensors a row marked
 // non-finite (which the scatters then leave alone).
-__global__ void FillKernel(DeviceGroup group, float* const* outputs, const int32_t* nonfinite) {
-  const TileTargets targets(group);
+MERGECOMP_TILE_KERNEL FillKernel(DeviceGroup group, float* const* outputs, const int32_t* nonfinite) {
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    const TileTargets targets(group, tile, cursor);
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    if (!targets.valid[u]) continue;
-    outputs[targets.t[u]][targets.j[u]] =
-        nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : 0.0f;
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (!targets.valid[u]) continue;
+      outputs[targets.t[u]][targets.j[u]] =
+          nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : 0.0f;
+    }
   }
 }
 
@@ -857,19 +893,23 @@ __global__ void ScatterAssignKernel(DeviceGroup group, float* const* outputs, co
 
 // More than one row: divides the sums by the number of rows (a marked
 // tensor's NaN stays as FillKernel wrote it).
-__global__ void DivideKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
+MERGECOMP_TILE_KERNEL DivideKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
                              const int32_t* nonfinite) {
-  const TileTargets targets(group);
   const float divisor = static_cast<float>(num_rows);
-  float sum[gpu::kUnroll];
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    const TileTargets targets(group, tile, cursor);
+    float sum[gpu::kUnroll];
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    if (targets.valid[u]) sum[u] = outputs[targets.t[u]][targets.j[u]];
-  }
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (targets.valid[u]) sum[u] = outputs[targets.t[u]][targets.j[u]];
+    }
 #pragma unroll
-  for (int u = 0; u < gpu::kUnroll; ++u) {
-    if (targets.valid[u] && !nonfinite[targets.t[u]]) {
-      outputs[targets.t[u]][targets.j[u]] = __fdiv_rn(sum[u], divisor);
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+      if (targets.valid[u] && !nonfinite[targets.t[u]]) {
+        outputs[targets.t[u]][targets.j[u]] = __fdiv_rn(sum[u], divisor);
+      }
     }
   }
 }
@@ -1039,19 +1079,20 @@ int SelectRandomk(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup 
   const int64_t* tensor_k = codec->tensor_k;
   const int tensor_blocks = static_cast<int>(c.num_tensors < 65535 ? c.num_tensors : 65535);
   const unsigned chunks = static_cast<unsigned>(c.random_chunks);
-  RandomkTablesKernel<<<1, 1, 0, stream>>>(group, tensor_k, select);
+  const int histogram_blocks = static_cast<int>(
+      gpu::TilesFor(c.total) < gpu::ResidentBlocks() ? gpu::TilesFor(c.total) : gpu::ResidentBlocks());
+  RandomkTablesKernel<<<1, kThreads, 0, stream>>>(group, tensor_k, select);
   RandomkInitKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select);
   for (int pass = 0; pass < 3; ++pass) {
     const int bins = 1 << gpu_select::kDigitBitsGpu[pass];
     const int shift = gpu_select::kDigitShiftGpu[pass];
-    RandomkHistogramKernel<<<gpu::GridFor(c.total), kThreads, 0, stream>>>(group, tensor_k, seed,
-                                                                          select, shift, bins);
-    RandomkChooseDigitKernel<<<gpu::GridFor(c.num_tensors), kThreads, 0, stream>>>(
-        group, tensor_k, select, shift, bins);
+    RandomkHistogramKernel<<<histogram_blocks, kThreads, 0, stream>>>(group, tensor_k, seed,
+                                                                       select, shift, bins);
+    RandomkChooseDigitKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select,
+                                                                     shift, bins);
   }
   RandomkCountKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select);
-  RandomkScanKernel<<<gpu::GridFor(c.num_tensors), kThreads, 0, stream>>>(group, tensor_k,
-                                                                         select);
+  RandomkScanKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select);
   RandomkEmitKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select, ws.p,
                                                                  values, positions);
   return static_cast<int>(cudaGetLastError());
