@@ -45,26 +45,57 @@ __device__ __forceinline__ void ForEachIndex(int64_t n, const Fn& fn) {
 }
 
 // ---- tiles: how the element-wise passes split the work ----------------------
-// A block owns kTileElements consecutive flat indices; its thread t holds
-// elements tile * kTileElements + u * kThreads + t for u < kUnroll. A warp's
-// 32 lanes so touch 32 consecutive elements (coalesced loads and stores), and
-// each thread issues its kUnroll independent loads before it uses any of them:
-// the bytes in flight that keep device memory busy (one load per thread at a
-// time reaches a tenth of the bandwidth).
-constexpr int kUnroll = 8;
-constexpr int64_t kTileElements = int64_t{kThreads} * kUnroll;
+// A block owns kTileElements consecutive flat indices, as kUnroll rounds of
+// kThreads vectors of kVector elements: thread t's u-th vector starts at
+// tile * kTileElements + (u * kThreads + t) * kVector. A warp so touches
+// 32 * kVector consecutive elements per access (16-byte loads and stores where
+// the memory is 16-byte aligned), and each thread has kUnroll vectors of loads
+// in flight before it uses any of them: what keeps device memory busy (one
+// 4-byte load per thread at a time reaches a tenth of the bandwidth).
+constexpr int kVector = 4;
+#ifndef MERGECOMP_TILE_UNROLL
+#define MERGECOMP_TILE_UNROLL 2
+#endif
+constexpr int kUnroll = MERGECOMP_TILE_UNROLL;
+constexpr int64_t kTileElements = int64_t{kThreads} * kVector * kUnroll;
 
 __host__ __device__ inline int64_t TilesFor(int64_t n) { return (n + kTileElements - 1) / kTileElements; }
 
-__device__ __forceinline__ int64_t TileElement(int64_t tile, int u) {
-  return tile * kTileElements + int64_t{u} * kThreads + threadIdx.x;
+// The first element of the calling thread's u-th vector of `tile`.
+__device__ __forceinline__ int64_t TileVector(int64_t tile, int u) {
+  return tile * kTileElements + (int64_t{u} * kThreads + threadIdx.x) * kVector;
+}
+
+// kVector floats at p: one 16-byte access where p is 16-byte aligned, else one per float.
+__device__ __forceinline__ void Load4(const float* p, float v[kVector]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    v[0] = x.x;
+    v[1] = x.y;
+    v[2] = x.z;
+    v[3] = x.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVector; ++e) v[e] = p[e];
+  }
+}
+
+__device__ __forceinline__ void Store4(float* p, const float v[kVector]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVector; ++e) p[e] = v[e];
+  }
 }
 
 // The tile kernels' launch bounds: kThreads threads, and at least
 // MERGECOMP_TILE_MIN_BLOCKS blocks resident per multiprocessor (a cap on
-// registers per thread; 1 leaves them to the compiler).
+// registers per thread; 1 leaves them to the compiler). Unroll 2 with 3
+// blocks was the fastest of (unroll, blocks) = (4, 1), (4, 2), (2, 2), (2, 3),
+// (8, 1) on an H200 (docs/gpu.md): occupancy pays more than deeper unrolling.
 #ifndef MERGECOMP_TILE_MIN_BLOCKS
-#define MERGECOMP_TILE_MIN_BLOCKS 1
+#define MERGECOMP_TILE_MIN_BLOCKS 3
 #endif
 #define MERGECOMP_TILE_KERNEL \
   __global__ void __launch_bounds__(::tf_mergecomp::gpu::kThreads, MERGECOMP_TILE_MIN_BLOCKS)
@@ -191,42 +222,42 @@ __device__ __forceinline__ uint8_t SignByte(const float* x, int64_t n, int64_t b
   return static_cast<uint8_t>(bits);
 }
 
-// Writes the `bits`-bit codes of 32 consecutive elements, one per lane of
-// the calling warp (lane l: element 32 * group + l; 0 past the end), into a
-// little-endian bit stream of `stream_bytes` bytes: the group's 32 * bits
-// bits are the stream's words [group * bits, group * bits + bits), each
-// written once (a 32-bit store where `aligned` and whole, else its bytes
-// inside the stream). `scratch`: this warp's 32 words of shared memory.
-// Every lane of the warp calls it.
-__device__ __forceinline__ void WarpPackCodes(uint32_t code, int bits, int64_t group,
-                                              uint8_t* stream, int64_t stream_bytes, bool aligned,
+// Writes the `bits`-bit codes of a warp's 32 * kVector consecutive elements
+// (lane l holds codes[e] of element 32 * kVector * group + kVector * l + e;
+// 0 past the end) into a little-endian bit stream of `stream_bytes` bytes:
+// they are the stream's words [group * W, group * W + W), W = kVector * bits,
+// each written once (a 32-bit store where `aligned` and whole, else its bytes
+// inside the stream). `scratch`: this warp's 32 * kVector words of shared
+// memory (bits <= 32). Every lane of the warp calls it.
+__device__ __forceinline__ void WarpPackCodes(const uint32_t codes[kVector], int bits,
+                                              int64_t group, uint8_t* stream,
+                                              int64_t stream_bytes, bool aligned,
                                               uint32_t* scratch) {
   const int lane = threadIdx.x & 31;
-  uint32_t word = 0;
-  if (bits == 1) {
-    word = __ballot_sync(0xffffffffu, code != 0);
-  } else {
-    if (lane < bits) scratch[lane] = 0;
-    __syncwarp();
-    const int first_bit = lane * bits;
+  const int words = kVector * bits;
+  for (int w = lane; w < words; w += 32) scratch[w] = 0;
+  __syncwarp();
+#pragma unroll
+  for (int e = 0; e < kVector; ++e) {
+    if (codes[e] == 0) continue;
+    const int first_bit = (lane * kVector + e) * bits;
     const int shift = first_bit & 31;
-    if (code != 0) {
-      atomicOr(&scratch[first_bit >> 5], code << shift);
-      if (shift + bits > 32) atomicOr(&scratch[(first_bit >> 5) + 1], code >> (32 - shift));
-    }
-    __syncwarp();
-    if (lane < bits) word = scratch[lane];
-    __syncwarp();
+    atomicOr(&scratch[first_bit >> 5], codes[e] << shift);
+    if (shift + bits > 32) atomicOr(&scratch[(first_bit >> 5) + 1], codes[e] >> (32 - shift));
   }
-  if (lane >= bits) return;
-  const int64_t byte = (group * bits + lane) * 4;
-  if (aligned && byte + 4 <= stream_bytes) {
-    *reinterpret_cast<uint32_t*>(stream + byte) = word;
-  } else {
-    for (int k = 0; k < 4 && byte + k < stream_bytes; ++k) {
-      stream[byte + k] = static_cast<uint8_t>(word >> (8 * k));
+  __syncwarp();
+  for (int w = lane; w < words; w += 32) {
+    const uint32_t word = scratch[w];
+    const int64_t byte = (group * words + w) * 4;
+    if (aligned && byte + 4 <= stream_bytes) {
+      *reinterpret_cast<uint32_t*>(stream + byte) = word;
+    } else {
+      for (int k = 0; k < 4 && byte + k < stream_bytes; ++k) {
+        stream[byte + k] = static_cast<uint8_t>(word >> (8 * k));
+      }
     }
   }
+  __syncwarp();
 }
 
 __device__ __forceinline__ bool BitAt(const uint8_t* bits, int64_t i) {

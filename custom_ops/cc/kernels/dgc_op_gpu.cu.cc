@@ -62,16 +62,25 @@ __global__ void CountKernel(const float* input, int64_t n, DgcState* dgc) {
   unsigned long long counts[kRefinements] = {};
   const gpu::TileRange tiles = gpu::TilesOfBlock(n);
   for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    uint32_t keys[gpu::kUnroll];
+    float values[gpu::kUnroll][gpu::kVector];
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      keys[u] = i < n ? gpu_select::MagnitudeKeyDevice(input[i]) : 0u;
+      const int64_t first = gpu::TileVector(tile, u);
+      if (first + gpu::kVector <= n) {
+        gpu::Load4(input + first, values[u]);
+      } else {
+        for (int e = 0; e < gpu::kVector; ++e) values[u][e] = first + e < n ? input[first + e] : 0.0f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      const bool valid = gpu::TileElement(tile, u) < n;
-      for (int r = 0; r < kRefinements; ++r) counts[r] += valid && keys[u] >= threshold_keys[r];
+      const int64_t first = gpu::TileVector(tile, u);
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        const uint32_t key = gpu_select::MagnitudeKeyDevice(values[u][e]);
+        const bool valid = first + e < n;
+        for (int r = 0; r < kRefinements; ++r) counts[r] += valid && key >= threshold_keys[r];
+      }
     }
   }
   for (int r = 0; r < kRefinements; ++r) {

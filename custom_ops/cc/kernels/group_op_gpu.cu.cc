@@ -83,21 +83,60 @@ struct Cursor : gpu::SegmentCursor {
   }
 };
 
-// One element as a pass loads it: the gradient as stored (finite or not)
-// and the memory's state there.
-struct Loaded {
-  float raw;
-  float a;  // residual e, momentum m or dgc u (0 without memory)
-  float b;  // dgc v
+// Where a thread's vector of kVector flat elements [first, first + kVector)
+// lies: whole (all in tensor t, from its position j) or not (it straddles a
+// tensor boundary or the group's end, and its elements are looked up one by
+// one: rare).
+struct VectorPlace {
+  int64_t first;
+  int64_t t;
+  int64_t j;
+  int64_t size;
+  bool whole;
+
+  __device__ void Find(const DeviceGroup& group, Cursor& c, int64_t first_element) {
+    first = first_element;
+    whole = false;
+    if (first >= group.total) return;
+    c.Seek(group, first);
+    t = c.t;
+    j = first - c.begin;
+    size = c.size();
+    whole = first + gpu::kVector <= c.end;
+  }
+  __device__ bool Valid(const DeviceGroup& group, int e) const {
+    return whole || first + e < group.total;
+  }
+  // The tensor, position and tensor size of element e (valid).
+  __device__ void Element(const DeviceGroup& group, int e, int64_t* te, int64_t* je,
+                          int64_t* size_e) const {
+    if (whole) {
+      *te = t;
+      *je = j + e;
+      *size_e = size;
+      return;
+    }
+    *te = group.TensorAt(first + e);
+    *je = first + e - group.offsets[*te];
+    *size_e = group.offsets[*te + 1] - group.offsets[*te];
+  }
+};
+
+// A vector's values as a pass loads them: the gradients as stored (finite
+// or not) and the memory's state.
+struct VectorValues {
+  float raw[gpu::kVector];
+  float a[gpu::kVector];  // residual e, momentum m or dgc u (0 without memory)
+  float b[gpu::kVector];  // dgc v
 };
 
 // The memory's compensation and state update (group_op.cc's, rounding
 // alike). The state is written only when no tensor of the group is
 // non-finite (*any_nonfinite == 0); a non-finite tensor reads as zeros.
 //
-// The flags are found by the first pass that reads the gradients (a
-// "speculative" pass, which takes every gradient as stored and marks the
-// non-finite tensors); the passes after it know them ("flags known").
+// The flags are found by the first pass that reads the gradients (a pass
+// that "finds" them takes every gradient as stored and marks the tensors
+// holding an inf or a NaN); the passes after it know them.
 struct DeviceMemory {
   int kind;
   float decay;
@@ -107,107 +146,130 @@ struct DeviceMemory {
   int32_t* nonfinite;
   int32_t* any_nonfinite;
 
-  __device__ Loaded Load(int64_t t, int64_t j, int64_t size) const {
-    Loaded v;
-    v.raw = inputs[t][j];
-    v.a = kind != MERGECOMP_MEMORY_NONE ? state[t][j] : 0.0f;
-    v.b = kind == MERGECOMP_MEMORY_DGC ? state[t][size + j] : 0.0f;
-    return v;
+  __device__ bool HasState() const { return kind != MERGECOMP_MEMORY_NONE; }
+  __device__ bool Commit() const { return HasState() && *any_nonfinite == 0; }
+
+  __device__ void Load(const DeviceGroup& group, const VectorPlace& q, VectorValues* v,
+                       bool with_state) const {
+    if (q.whole) {
+      gpu::Load4(inputs[q.t] + q.j, v->raw);
+      if (with_state && HasState()) gpu::Load4(state[q.t] + q.j, v->a);
+      if (with_state && kind == MERGECOMP_MEMORY_DGC) gpu::Load4(state[q.t] + q.size + q.j, v->b);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < gpu::kVector; ++e) {
+      v->raw[e] = v->a[e] = v->b[e] = 0.0f;
+      if (!q.Valid(group, e)) continue;
+      int64_t t, j, size;
+      q.Element(group, e, &t, &j, &size);
+      v->raw[e] = inputs[t][j];
+      if (with_state && HasState()) v->a[e] = state[t][j];
+      if (with_state && kind == MERGECOMP_MEMORY_DGC) v->b[e] = state[t][size + j];
+    }
   }
-  __device__ float Gradient(int64_t t, const Loaded& v, bool flags_known) const {
-    return flags_known && nonfinite[t] ? 0.0f : v.raw;
+
+  // Writes new state values a (and b for dgc) of a vector's valid elements.
+  __device__ void Store(const DeviceGroup& group, const VectorPlace& q, const float a[],
+                        const float b[]) const {
+    if (q.whole) {
+      gpu::Store4(state[q.t] + q.j, a);
+      if (kind == MERGECOMP_MEMORY_DGC) gpu::Store4(state[q.t] + q.size + q.j, b);
+      return;
+    }
+#pragma unroll
+    for (int e = 0; e < gpu::kVector; ++e) {
+      if (!q.Valid(group, e)) continue;
+      int64_t t, j, size;
+      q.Element(group, e, &t, &j, &size);
+      state[t][j] = a[e];
+      if (kind == MERGECOMP_MEMORY_DGC) state[t][size + j] = b[e];
+    }
   }
-  __device__ bool Commit() const { return kind != MERGECOMP_MEMORY_NONE && *any_nonfinite == 0; }
+
+  // The gradients as the codec sees them: 0 in a tensor marked non-finite
+  // (when the flags are known), 0 past the group's end.
+  __device__ void Gradients(const DeviceGroup& group, const VectorPlace& q,
+                            const VectorValues& v, bool flags_known, float g[]) const {
+    const bool whole_zero = q.whole && flags_known && nonfinite[q.t] != 0;
+#pragma unroll
+    for (int e = 0; e < gpu::kVector; ++e) {
+      g[e] = whole_zero ? 0.0f : v.raw[e];
+      if (q.whole || !q.Valid(group, e)) {
+        if (!q.Valid(group, e)) g[e] = 0.0f;
+        continue;
+      }
+      if (flags_known && nonfinite[group.TensorAt(q.first + e)] != 0) g[e] = 0.0f;
+    }
+  }
+
+  // Marks the tensors of a vector's non-finite gradients (the pass that
+  // finds the flags). Lanes of a warp mostly share a tensor: one lane marks
+  // it once per run; a vector across tensors marks element by element.
+  // Returns whether this thread found one. Every lane of the warp calls it.
+  __device__ bool MarkNonFinite(const DeviceGroup& group, const VectorPlace& q,
+                                const VectorValues& v) const {
+    bool bad = false;
+#pragma unroll
+    for (int e = 0; e < gpu::kVector; ++e) {
+      const bool element_bad = q.Valid(group, e) &&
+                               (__float_as_uint(v.raw[e]) & 0x7f800000u) == 0x7f800000u;
+      if (element_bad && !q.whole) atomicExch(&nonfinite[group.TensorAt(q.first + e)], 1);
+      bad |= element_bad;
+    }
+    const bool whole_bad = bad && q.whole;
+    const unsigned mask = __ballot_sync(0xffffffffu, whole_bad);
+    if (mask != 0) {
+      const int lane = threadIdx.x & 31;
+      const int leader = __ffs(mask) - 1;
+      const long long leader_t =
+          __shfl_sync(0xffffffffu, static_cast<long long>(whole_bad ? q.t : -1), leader);
+      if (whole_bad && (lane == leader || q.t != leader_t)) atomicExch(&nonfinite[q.t], 1);
+    }
+    return bad;
+  }
 
   // u <- decay * u + g of the dgc memory, from the old u.
   __device__ float NewMomentum(float u, float g) const {
     return __fadd_rn(__fmul_rn(decay, u), g);
   }
 
-  // p of one element, from its gradient g and the old state.
-  __device__ float Compensated(const Loaded& v, float g) const {
+  // p of element e from its gradient g and the old state.
+  __device__ float Compensated(const VectorValues& v, int e, float g) const {
     switch (kind) {
-      case MERGECOMP_MEMORY_RESIDUAL: return __fadd_rn(g, v.a);
+      case MERGECOMP_MEMORY_RESIDUAL: return __fadd_rn(g, v.a[e]);
       case MERGECOMP_MEMORY_MOMENTUM:
-        return __fadd_rn(__fmul_rn(decay, v.a), __fmul_rn(gradient_scale, g));
-      case MERGECOMP_MEMORY_DGC: return __fadd_rn(v.b, NewMomentum(v.a, g));
+        return __fadd_rn(__fmul_rn(decay, v.a[e]), __fmul_rn(gradient_scale, g));
+      case MERGECOMP_MEMORY_DGC: return __fadd_rn(v.b[e], NewMomentum(v.a[e], g));
       default: return g;
     }
   }
 
-  // Dense codecs, after encoding: the new state from p and s (this worker's
-  // own decoded value of the element), written once.
-  __device__ void Update(int64_t t, int64_t j, int64_t size, const Loaded& v, float g, float p,
-                         float s) const {
-    float* buffer = state[t];
+  // Dense codecs, after encoding: element e's new state from p and s (this
+  // worker's own decoded value of the element).
+  __device__ void Updated(const VectorValues& v, int e, float g, float p, float s, float* a,
+                          float* b) const {
     switch (kind) {
-      case MERGECOMP_MEMORY_RESIDUAL: buffer[j] = __fsub_rn(p, s); return;
-      case MERGECOMP_MEMORY_MOMENTUM: buffer[j] = p; return;
+      case MERGECOMP_MEMORY_RESIDUAL: *a = __fsub_rn(p, s); return;
+      case MERGECOMP_MEMORY_MOMENTUM: *a = p; return;
       case MERGECOMP_MEMORY_DGC:
-        buffer[j] = __fmul_rn(NewMomentum(v.a, g), s == 0.0f ? 1.0f : 0.0f);
-        buffer[size + j] = __fsub_rn(p, s);
+        *a = __fmul_rn(NewMomentum(v.a[e], g), s == 0.0f ? 1.0f : 0.0f);
+        *b = __fsub_rn(p, s);
         return;
       default: return;
     }
   }
 
-  // Sparse codecs: writes the compensated state (residual e <- p, from
-  // which the sent entries are subtracted later; momentum m <- p; dgc u, v).
-  __device__ void CompensateInState(int64_t t, int64_t j, int64_t size, const Loaded& v, float g,
-                                    float p) const {
-    float* buffer = state[t];
+  // Sparse codecs: the compensated state (residual e <- p, from which the
+  // sent entries are subtracted later; momentum m <- p; dgc u, v).
+  __device__ void CompensatedState(const VectorValues& v, int e, float g, float p, float* a,
+                                   float* b) const {
     if (kind == MERGECOMP_MEMORY_DGC) {
-      buffer[j] = NewMomentum(v.a, g);
-      buffer[size + j] = p;
+      *a = NewMomentum(v.a[e], g);
+      *b = p;
     } else {
-      buffer[j] = p;
+      *a = p;
     }
-  }
-};
-
-// The elements of a thread in one tile (gpu::TileElement): their tensors,
-// positions in them and loaded values. Loading all of them before using any
-// keeps kUnroll loads per thread in flight.
-struct TileElements {
-  int64_t t[gpu::kUnroll];
-  int64_t j[gpu::kUnroll];
-  int64_t size[gpu::kUnroll];
-  bool valid[gpu::kUnroll];
-  Loaded v[gpu::kUnroll];
-
-  __device__ void Load(const DeviceGroup& group, const DeviceMemory& memory, int64_t tile,
-                       Cursor& c) {
-#pragma unroll
-    for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      valid[u] = i < group.total;
-      if (!valid[u]) continue;
-      c.Seek(group, i);
-      t[u] = c.t;
-      j[u] = i - c.begin;
-      size[u] = c.size();
-      v[u] = memory.Load(c.t, j[u], size[u]);
-    }
-  }
-
-  // Speculative passes: marks the tensors holding an inf or a NaN. Lanes of a
-  // warp mostly share a tensor: one lane marks it once per run of elements.
-  // Every thread of the block must call it.
-  __device__ void MarkNonFinite(const DeviceMemory& memory) const {
-    const int lane = threadIdx.x & 31;
-    bool any = false;
-#pragma unroll
-    for (int u = 0; u < gpu::kUnroll; ++u) {
-      const bool bad =
-          valid[u] && (__float_as_uint(v[u].raw) & 0x7f800000u) == 0x7f800000u;
-      const unsigned mask = __ballot_sync(0xffffffffu, bad);
-      if (mask == 0) continue;
-      const int leader = __ffs(mask) - 1;
-      const long long leader_t = __shfl_sync(0xffffffffu, static_cast<long long>(bad ? t[u] : -1), leader);
-      if (bad && (lane == leader || t[u] != leader_t)) atomicExch(&memory.nonfinite[t[u]], 1);
-      any = true;
-    }
-    if (__syncthreads_or(any) && threadIdx.x == 0) atomicExch(memory.any_nonfinite, 1);
   }
 };
 
@@ -219,26 +281,35 @@ enum FlagsMode {
                       // only when it found a non-finite tensor (else returns at once)
 };
 
+// Calls fn(place) for each vector of the calling block's tiles, a tile's
+// kUnroll vectors placed (and loaded by fn's caller) before any is used.
+// Every thread of the block runs the same number of rounds.
+template <typename TileFn>
+__device__ __forceinline__ void ForEachTile(const DeviceGroup& group, const TileFn& fn) {
+  Cursor cursor;
+  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
+  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
+    VectorPlace places[gpu::kUnroll];
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) places[u].Find(group, cursor, gpu::TileVector(tile, u));
+    fn(places);
+  }
+}
+
 // ---- encode: flags and markers --------------------------------------------
 
 // The flags alone, for the codecs whose first pass over the gradients writes
 // the state (memories without a reduction pass before their codes).
 MERGECOMP_TILE_KERNEL NonFiniteKernel(DeviceGroup group, DeviceMemory memory) {
-  Cursor c;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    TileElements e;
+  bool found = false;
+  ForEachTile(group, [&](const VectorPlace* places) {
+    VectorValues v[gpu::kUnroll];
 #pragma unroll
-    for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      e.valid[u] = i < group.total;
-      if (!e.valid[u]) continue;
-      c.Seek(group, i);
-      e.t[u] = c.t;
-      e.v[u].raw = memory.inputs[c.t][i - c.begin];
-    }
-    e.MarkNonFinite(memory);
-  }
+    for (int u = 0; u < gpu::kUnroll; ++u) memory.Load(group, places[u], &v[u], false);
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) found |= memory.MarkNonFinite(group, places[u], v[u]);
+  });
+  if (__syncthreads_or(found) && threadIdx.x == 0) atomicExch(memory.any_nonfinite, 1);
 }
 
 // One payload element per tensor: 1 (as uint8, float16 or float32) where
@@ -287,43 +358,50 @@ __global__ void FlagsFromMarkersKernel(int64_t num_tensors, const uint8_t* rows,
 // Per-block partials of the header's reduction over p: onebit (sum of the
 // "+" side, of the "-" side, count of "+"), efsignsgd (sum |p|), qsgd (sum
 // p^2), terngrad (max |p|, any NaN). A fixed grid splits the tiles in
-// contiguous shares, so the partials do not depend on timing. The first pass over the
-// gradients: with kFindFlags it marks the non-finite tensors too, and its
-// kRedoIfFound repeat recomputes the partials with them as zeros.
+// contiguous shares, so the partials do not depend on timing. The first pass
+// over the gradients: with kFindFlags it marks the non-finite tensors too,
+// and its kRedoIfFound repeat recomputes the partials with them as zeros.
 template <Codec kCodec>
-MERGECOMP_TILE_KERNEL ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials, int mode) {
+MERGECOMP_TILE_KERNEL ReduceKernel(DeviceGroup group, DeviceMemory memory, double* partials,
+                                   int mode) {
   if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
   __shared__ double shared[kThreads];
   double a = 0.0, b = 0.0, c = 0.0;
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    TileElements e;
-    e.Load(group, memory, tile, cursor);
-    if (mode == kFindFlags) e.MarkNonFinite(memory);
+  bool found = false;
+  ForEachTile(group, [&](const VectorPlace* places) {
+    VectorValues v[gpu::kUnroll];
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) memory.Load(group, places[u], &v[u], true);
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (!e.valid[u]) continue;
-      const float p = memory.Compensated(e.v[u], memory.Gradient(e.t[u], e.v[u], mode != kFindFlags));
-      if (kCodec == kOnebit) {
-        const bool plus = IsNonNegative(p);
-        a += plus ? static_cast<double>(p) : 0.0;
-        b += plus ? 0.0 : static_cast<double>(p);
-        c += plus ? 1.0 : 0.0;
-      } else if (kCodec == kEfsignsgd) {
-        a += fabs(static_cast<double>(p));
-      } else if (kCodec == kQsgd) {
-        a += static_cast<double>(p) * static_cast<double>(p);  // exact in double
-      } else {  // kTerngrad
-        const float magnitude = fabsf(p);
-        if (magnitude != magnitude) {
-          b = 1.0;
-        } else if (magnitude > a) {
-          a = magnitude;
+      if (mode == kFindFlags) found |= memory.MarkNonFinite(group, places[u], v[u]);
+      float g[gpu::kVector];
+      memory.Gradients(group, places[u], v[u], mode != kFindFlags, g);
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        if (!places[u].Valid(group, e)) continue;
+        const float p = memory.Compensated(v[u], e, g[e]);
+        if (kCodec == kOnebit) {
+          const bool plus = IsNonNegative(p);
+          a += plus ? static_cast<double>(p) : 0.0;
+          b += plus ? 0.0 : static_cast<double>(p);
+          c += plus ? 1.0 : 0.0;
+        } else if (kCodec == kEfsignsgd) {
+          a += fabs(static_cast<double>(p));
+        } else if (kCodec == kQsgd) {
+          a += static_cast<double>(p) * static_cast<double>(p);  // exact in double
+        } else {  // kTerngrad
+          const float magnitude = fabsf(p);
+          if (magnitude != magnitude) {
+            b = 1.0;
+          } else if (magnitude > a) {
+            a = magnitude;
+          }
         }
       }
     }
-  }
+  });
+  if (__syncthreads_or(found) && threadIdx.x == 0) atomicExch(memory.any_nonfinite, 1);
   double* mine = partials + blockIdx.x * gpu::kReduceFields;
   if (kCodec == kTerngrad) {
     a = gpu::BlockReduce(a, shared, gpu::MaxOp());
@@ -386,12 +464,13 @@ struct CodeParams {
 // Bits per element of the codes pass's packed payloads (0: float values).
 template <Codec kCodec>
 __device__ __forceinline__ int CodeBits(const CodeParams& params) {
-  return kCodec == kQsgd ? params.bits : (kCodec == kTerngrad ? 2 : (kCodec == kFp16 || kCodec == kNone ? 0 : 1));
+  return kCodec == kQsgd ? params.bits
+                         : (kCodec == kTerngrad ? 2 : (kCodec == kFp16 || kCodec == kNone ? 0 : 1));
 }
 
 template <Codec kCodec>
 __host__ __device__ constexpr int64_t CodesHeaderBytes() {
-  return kCodec == kOnebit ? kOnebitHeaderBytes
+  return kCodec == kOnebit      ? kOnebitHeaderBytes
          : kCodec == kEfsignsgd ? kEfsignsgdHeaderBytes
          : kCodec == kQsgd      ? kQsgdHeaderBytes
          : kCodec == kTerngrad  ? kTerngradHeaderBytes
@@ -400,14 +479,15 @@ __host__ __device__ constexpr int64_t CodesHeaderBytes() {
 
 // Codes of the group (and the state update) in one pass over tiles; headers
 // were written by HeaderKernel before. Packed codes go out a warp at a time
-// (gpu::WarpPackCodes). Without memory and without a header this is the
-// first pass over the gradients (kFindFlags), repeated (kRedoIfFound) for a
-// group that holds a non-finite tensor.
+// (gpu::WarpPackCodes), float and float16 values a vector at a time. Without
+// memory and without a header this is the first pass over the gradients
+// (kFindFlags), repeated (kRedoIfFound) for a group that holds a non-finite
+// tensor.
 template <Codec kCodec>
 MERGECOMP_TILE_KERNEL CodesKernel(DeviceGroup group, DeviceMemory memory, CodeParams params,
-                            uint8_t* row, int64_t code_bytes, int mode) {
+                                  uint8_t* row, int64_t code_bytes, int mode) {
   if (mode == kRedoIfFound && *memory.any_nonfinite == 0) return;
-  __shared__ uint32_t pack_scratch[kThreads];
+  __shared__ uint32_t pack_scratch[kThreads * gpu::kVector];
   const bool flags_known = mode != kFindFlags;
   const bool commit = memory.Commit() && mode == kFlagsKnown;
   float hi = 1.0f, lo = -1.0f;  // signsgd: the majority of one row is its own sign
@@ -425,69 +505,109 @@ MERGECOMP_TILE_KERNEL CodesKernel(DeviceGroup group, DeviceMemory memory, CodePa
   const int bits = CodeBits<kCodec>(params);
   uint8_t* codes = row + CodesHeaderBytes<kCodec>();
   const bool codes_aligned = (reinterpret_cast<uintptr_t>(codes) & 3) == 0;
-  uint32_t* warp_scratch = pack_scratch + (threadIdx.x & ~31);
+  uint32_t* warp_scratch = pack_scratch + (threadIdx.x & ~31) * gpu::kVector;
+  bool found = false;
 
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    TileElements e;
-    e.Load(group, memory, tile, cursor);
-    if (mode == kFindFlags) e.MarkNonFinite(memory);
+  ForEachTile(group, [&](const VectorPlace* places) {
+    VectorValues v[gpu::kUnroll];
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) memory.Load(group, places[u], &v[u], true);
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      uint32_t code = 0;
-      if (e.valid[u]) {
-        const float g = memory.Gradient(e.t[u], e.v[u], flags_known);
-        const float p = memory.Compensated(e.v[u], g);
+      const VectorPlace& q = places[u];
+      if (mode == kFindFlags) found |= memory.MarkNonFinite(group, q, v[u]);
+      float g[gpu::kVector];
+      memory.Gradients(group, q, v[u], flags_known, g);
+      uint32_t code[gpu::kVector];
+      float value[gpu::kVector], new_a[gpu::kVector], new_b[gpu::kVector];
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        const int64_t i = q.first + e;
+        const float p = memory.Compensated(v[u], e, g[e]);
         float s;
+        code[e] = 0;
         if (kCodec == kNone) {
-          reinterpret_cast<float*>(row)[i] = p;
-          s = p;
+          value[e] = s = p;
         } else if (kCodec == kFp16) {
-          const __half h = __float2half_rn(p);
-          reinterpret_cast<__half*>(row)[i] = h;
-          s = __half2float(h);
+          value[e] = p;
+          s = __half2float(__float2half_rn(p));
         } else if (kCodec == kQsgd) {
-          code = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
-          s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code) -
+          code[e] = gpu::QsgdCode(p, qsgd_scale, levels, params.key, i);
+          s = __fmul_rn(static_cast<float>(static_cast<int32_t>(code[e]) -
                                            static_cast<int32_t>(params.levels)),
                         qsgd_unit);
         } else if (kCodec == kTerngrad) {
-          code = gpu::TernaryCode(p, max_abs, params.key, i);
-          s = __fmul_rn(max_abs, gpu::TernaryValue(code));
+          code[e] = gpu::TernaryCode(p, max_abs, params.key, i);
+          s = __fmul_rn(max_abs, gpu::TernaryValue(code[e]));
         } else {  // sign codecs
           const bool plus = IsNonNegative(p);
-          code = plus ? 1u : 0u;
+          code[e] = plus ? 1u : 0u;
           s = plus ? hi : lo;
         }
-        if (commit) memory.Update(e.t[u], e.j[u], e.size[u], e.v[u], g, p, s);
+        if (!q.Valid(group, e)) code[e] = 0;
+        memory.Updated(v[u], e, g[e], p, s, &new_a[e], &new_b[e]);
       }
-      if (bits > 0) {
-        gpu::WarpPackCodes(code, bits, i >> 5, codes, code_bytes, codes_aligned, warp_scratch);
+      if (commit) memory.Store(group, q, new_a, new_b);
+      if (kCodec == kNone || kCodec == kFp16) {
+        const bool full = q.first + gpu::kVector <= group.total;
+        if (kCodec == kNone && full) {
+          gpu::Store4(reinterpret_cast<float*>(row) + q.first, value);
+        } else if (kCodec == kFp16 && full &&
+                   (reinterpret_cast<uintptr_t>(row + 2 * q.first) & 7) == 0) {
+          const __half2 low = __floats2half2_rn(value[0], value[1]);
+          const __half2 high = __floats2half2_rn(value[2], value[3]);
+          uint2 packed;
+          memcpy(&packed.x, &low, 4);
+          memcpy(&packed.y, &high, 4);
+          *reinterpret_cast<uint2*>(row + 2 * q.first) = packed;
+        } else {
+#pragma unroll
+          for (int e = 0; e < gpu::kVector; ++e) {
+            if (!q.Valid(group, e)) continue;
+            if (kCodec == kNone) {
+              reinterpret_cast<float*>(row)[q.first + e] = value[e];
+            } else {
+              reinterpret_cast<__half*>(row)[q.first + e] = __float2half_rn(value[e]);
+            }
+          }
+        }
+      } else {
+        gpu::WarpPackCodes(code, bits, q.first / (32 * gpu::kVector), codes, code_bytes,
+                           codes_aligned, warp_scratch);
       }
     }
-  }
+  });
+  if (__syncthreads_or(found) && threadIdx.x == 0) atomicExch(memory.any_nonfinite, 1);
 }
 
 // ---- encode: sparse codecs ---------------------------------------------------
 
 MERGECOMP_TILE_KERNEL CompensateKernel(DeviceGroup group, DeviceMemory memory, float* p) {
   const bool commit = memory.Commit();
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    TileElements e;
-    e.Load(group, memory, tile, cursor);
+  ForEachTile(group, [&](const VectorPlace* places) {
+    VectorValues v[gpu::kUnroll];
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) memory.Load(group, places[u], &v[u], true);
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (!e.valid[u]) continue;
-      const float g = memory.Gradient(e.t[u], e.v[u], true);
-      const float value = memory.Compensated(e.v[u], g);
-      p[gpu::TileElement(tile, u)] = value;
-      if (commit) memory.CompensateInState(e.t[u], e.j[u], e.size[u], e.v[u], g, value);
+      const VectorPlace& q = places[u];
+      float g[gpu::kVector], value[gpu::kVector], new_a[gpu::kVector], new_b[gpu::kVector];
+      memory.Gradients(group, q, v[u], true, g);
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        value[e] = memory.Compensated(v[u], e, g[e]);
+        memory.CompensatedState(v[u], e, g[e], value[e], &new_a[e], &new_b[e]);
+      }
+      if (q.first + gpu::kVector <= group.total) {
+        gpu::Store4(p + q.first, value);
+      } else {
+        for (int e = 0; e < gpu::kVector; ++e) {
+          if (q.Valid(group, e)) p[q.first + e] = value[e];
+        }
+      }
+      if (commit) memory.Store(group, q, new_a, new_b);
     }
-  }
+  });
 }
 
 // Random-k's scale n_i / k_i, rounded to float32 once (1 without scale).
@@ -756,95 +876,114 @@ __global__ void RandomkEmitKernel(DeviceGroup group, int64_t seed, RandomkSelect
 
 // ---- decode ------------------------------------------------------------------
 
-// The tensors and positions of a thread's elements in one tile (no loads).
-struct TileTargets {
-  int64_t t[gpu::kUnroll];
-  int64_t j[gpu::kUnroll];
-  bool valid[gpu::kUnroll];
-
-  __device__ TileTargets(const DeviceGroup& group, int64_t tile, Cursor& c) {
-#pragma unroll
-    for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      valid[u] = i < group.total;
-      if (!valid[u]) continue;
-      c.Seek(group, i);
-      t[u] = c.t;
-      j[u] = i - c.begin;
-    }
+// Writes a vector's values of valid elements to the outputs (one 16-byte
+// store where the vector is whole and aligned).
+__device__ __forceinline__ void StoreOutputs(const DeviceGroup& group, float* const* outputs,
+                                             const VectorPlace& q, const float values[]) {
+  if (q.whole) {
+    gpu::Store4(outputs[q.t] + q.j, values);
+    return;
   }
-};
+#pragma unroll
+  for (int e = 0; e < gpu::kVector; ++e) {
+    if (!q.Valid(group, e)) continue;
+    int64_t t, j, size;
+    q.Element(group, e, &t, &j, &size);
+    outputs[t][j] = values[e];
+  }
+}
+
+// Whether element e's tensor is marked non-finite.
+__device__ __forceinline__ bool Marked(const DeviceGroup& group, const VectorPlace& q, int e,
+                                       const int32_t* nonfinite) {
+  return nonfinite[q.whole ? q.t : group.TensorAt(q.first + e)] != 0;
+}
 
 template <Codec kCodec>
-MERGECOMP_TILE_KERNEL DenseDecodeKernel(DeviceGroup group, float* const* outputs, const uint8_t* rows,
-                                  int64_t num_rows, int64_t row_bytes, int64_t levels, int bits,
-                                  const int32_t* nonfinite) {
+MERGECOMP_TILE_KERNEL DenseDecodeKernel(DeviceGroup group, float* const* outputs,
+                                        const uint8_t* rows, int64_t num_rows, int64_t row_bytes,
+                                        int64_t levels, int bits, const int32_t* nonfinite) {
   const float divisor = static_cast<float>(num_rows);
   const float levels_f = static_cast<float>(levels);
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    const TileTargets targets(group, tile, cursor);
-    float result[gpu::kUnroll];
+  ForEachTile(group, [&](const VectorPlace* places) {
+    float result[gpu::kUnroll][gpu::kVector];
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      const int64_t i = gpu::TileElement(tile, u);
-      if (!targets.valid[u]) continue;
-      if (kCodec == kNone) {
-        result[u] = reinterpret_cast<const float*>(rows)[i];
-      } else if (kCodec == kFp16) {
-        result[u] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
-      } else if (kCodec == kSignsgd) {
-        int64_t votes = 0;
-        for (int64_t w = 0; w < num_rows; ++w) votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
-        result[u] = votes >= 0 ? 1.0f : -1.0f;
-      } else {
-        float total = 0.0f;
-        for (int64_t w = 0; w < num_rows; ++w) {
-          const uint8_t* row = rows + w * row_bytes;
-          float v;
-          if (kCodec == kOnebit) {
-            v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
-          } else if (kCodec == kEfsignsgd) {
-            const float scale = LoadFloat(row);
-            v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
-          } else if (kCodec == kQsgd) {
-            const float unit = __fdiv_rn(LoadFloat(row), levels_f);
-            v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
-                                             static_cast<int32_t>(levels)),
-                          unit);
-          } else {  // kTerngrad
-            const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
-            v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
+      const VectorPlace& q = places[u];
+      if (kCodec == kNone && q.first + gpu::kVector <= group.total) {
+        gpu::Load4(reinterpret_cast<const float*>(rows) + q.first, result[u]);
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        const int64_t i = q.first + e;
+        result[u][e] = 0.0f;
+        if (!q.Valid(group, e)) continue;
+        if (kCodec == kNone) {
+          result[u][e] = reinterpret_cast<const float*>(rows)[i];
+        } else if (kCodec == kFp16) {
+          result[u][e] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
+        } else if (kCodec == kSignsgd) {
+          int64_t votes = 0;
+          for (int64_t w = 0; w < num_rows; ++w) {
+            votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
           }
-          total = w == 0 ? v : __fadd_rn(total, v);
+          result[u][e] = votes >= 0 ? 1.0f : -1.0f;
+        } else {
+          float total = 0.0f;
+          for (int64_t w = 0; w < num_rows; ++w) {
+            const uint8_t* row = rows + w * row_bytes;
+            float v;
+            if (kCodec == kOnebit) {
+              v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
+            } else if (kCodec == kEfsignsgd) {
+              const float scale = LoadFloat(row);
+              v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
+            } else if (kCodec == kQsgd) {
+              const float unit = __fdiv_rn(LoadFloat(row), levels_f);
+              v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
+                                               static_cast<int32_t>(levels)),
+                            unit);
+            } else {  // kTerngrad
+              const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
+              v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
+            }
+            total = w == 0 ? v : __fadd_rn(total, v);
+          }
+          result[u][e] = __fdiv_rn(total, divisor);
         }
-        result[u] = __fdiv_rn(total, divisor);
       }
     }
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (!targets.valid[u]) continue;
-      outputs[targets.t[u]][targets.j[u]] =
-          nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : result[u];
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        if (places[u].Valid(group, e) && Marked(group, places[u], e, nonfinite)) {
+          result[u][e] = __int_as_float(0x7fc00000);
+        }
+      }
+      StoreOutputs(group, outputs, places[u], result[u]);
     }
-  }
+  });
 }
 
 // Sparse decode's start: 0 everywhere, NaN in the tensors a row marked
 // non-finite (which the scatters then leave alone).
-MERGECOMP_TILE_KERNEL FillKernel(DeviceGroup group, float* const* outputs, const int32_t* nonfinite) {
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    const TileTargets targets(group, tile, cursor);
+MERGECOMP_TILE_KERNEL FillKernel(DeviceGroup group, float* const* outputs,
+                                 const int32_t* nonfinite) {
+  ForEachTile(group, [&](const VectorPlace* places) {
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (!targets.valid[u]) continue;
-      outputs[targets.t[u]][targets.j[u]] =
-          nonfinite[targets.t[u]] ? __int_as_float(0x7fc00000) : 0.0f;
+      float values[gpu::kVector];
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        values[e] = places[u].Valid(group, e) && Marked(group, places[u], e, nonfinite)
+                        ? __int_as_float(0x7fc00000)
+                        : 0.0f;
+      }
+      StoreOutputs(group, outputs, places[u], values);
     }
-  }
+  });
 }
 
 __device__ __forceinline__ int32_t LoadInt32(const uint8_t* bytes) {
@@ -894,24 +1033,37 @@ __global__ void ScatterAssignKernel(DeviceGroup group, float* const* outputs, co
 // More than one row: divides the sums by the number of rows (a marked
 // tensor's NaN stays as FillKernel wrote it).
 MERGECOMP_TILE_KERNEL DivideKernel(DeviceGroup group, float* const* outputs, int64_t num_rows,
-                             const int32_t* nonfinite) {
+                                   const int32_t* nonfinite) {
   const float divisor = static_cast<float>(num_rows);
-  Cursor cursor;
-  const gpu::TileRange tiles = gpu::TilesOfBlock(group.total);
-  for (int64_t tile = tiles.begin; tile < tiles.end; ++tile) {
-    const TileTargets targets(group, tile, cursor);
-    float sum[gpu::kUnroll];
+  ForEachTile(group, [&](const VectorPlace* places) {
+    float sums[gpu::kUnroll][gpu::kVector];
 #pragma unroll
     for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (targets.valid[u]) sum[u] = outputs[targets.t[u]][targets.j[u]];
-    }
+      const VectorPlace& q = places[u];
+      if (q.whole) {
+        gpu::Load4(outputs[q.t] + q.j, sums[u]);
+        continue;
+      }
 #pragma unroll
-    for (int u = 0; u < gpu::kUnroll; ++u) {
-      if (targets.valid[u] && !nonfinite[targets.t[u]]) {
-        outputs[targets.t[u]][targets.j[u]] = __fdiv_rn(sum[u], divisor);
+      for (int e = 0; e < gpu::kVector; ++e) {
+        sums[u][e] = 0.0f;
+        if (!q.Valid(group, e)) continue;
+        int64_t t, j, size;
+        q.Element(group, e, &t, &j, &size);
+        sums[u][e] = outputs[t][j];
       }
     }
-  }
+#pragma unroll
+    for (int u = 0; u < gpu::kUnroll; ++u) {
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) {
+        if (!(places[u].Valid(group, e) && Marked(group, places[u], e, nonfinite))) {
+          sums[u][e] = __fdiv_rn(sums[u][e], divisor);
+        }
+      }
+      StoreOutputs(group, outputs, places[u], sums[u]);
+    }
+  });
 }
 
 // ---- host side -------------------------------------------------------------------

@@ -102,7 +102,7 @@ __global__ void HistogramKernel(int64_t n, KeyFn key, const SelectState* state, 
   const uint32_t prefix = state->prefix, prefix_mask = state->prefix_mask;
   const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
   // kUnroll keys per thread loaded before any is counted (loads in flight).
-  constexpr int kUnroll = gpu::kUnroll;
+  constexpr int kUnroll = 8;
   const int64_t stride = int64_t{blockDim.x} * gridDim.x;
   int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
