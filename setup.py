@@ -86,6 +86,26 @@ def _nvcc_toolkit(nvcc):
     return {"release": release.group(1), "root": root, "includes": includes, "libs": libs}
 
 
+# The GPUs the CUDA kernels are compiled for: Volta (sm_70; CUDA 13 no longer
+# compiles for it, so from CUDA 13 Turing's sm_75 is the oldest), Ampere (sm_80),
+# Hopper (sm_90), and sm_90's PTX, which the driver compiles for newer GPUs.
+# TF_MERGECOMP_CUDA_ARCHS="80,90" (compute capabilities without the dot) overrides.
+def cuda_arch_flags(release):
+    archs = os.environ.get("TF_MERGECOMP_CUDA_ARCHS", "").strip()
+    if archs:
+        numbers = [a.strip() for a in archs.split(",") if a.strip()]
+        if not all(a.isdigit() for a in numbers) or not numbers:
+            sys.exit("tf_mergecomp: TF_MERGECOMP_CUDA_ARCHS must be compute capabilities such as "
+                     "\"70,80,90\", not %r" % archs)
+    else:
+        major = int(release.split(".")[0]) if release else 12
+        numbers = ["75" if major >= 13 else "70", "80", "90"]
+    flags = []
+    for arch in numbers:
+        flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (arch, arch)]
+    return flags + ["-gencode", "arch=compute_%s,code=compute_%s" % (numbers[-1], numbers[-1])]
+
+
 def _cuda_toolkit(tf_version, tf_build_info):
     """Decides whether to build the CUDA kernels.
 
@@ -129,7 +149,7 @@ def _cuda_toolkit(tf_version, tf_build_info):
         return None, ("nvcc %s is CUDA %s, but TensorFlow %s was built with CUDA %s"
                       % (nvcc, release, tf_version, tf_cuda))
     lib = next((d for d in found["libs"] if d.is_dir()), found["libs"][0])
-    toolkit = {"nvcc": nvcc, "include": str(include), "lib": str(lib)}
+    toolkit = {"nvcc": nvcc, "include": str(include), "lib": str(lib), "release": release}
     return toolkit, "nvcc %s is CUDA %s, headers in %s, TensorFlow %s built with CUDA %s" % (
         nvcc, release, include, tf_version, tf_cuda or "?")
 
@@ -193,7 +213,7 @@ class BuildTensorFlowOps(build_ext):
                 command = [toolkit["nvcc"], "-std=c++17", "-x", "cu", "-c", str(source),
                            "-o", str(target), "-Xcompiler", "-fPIC", "-O3", "-I" + str(OPS_DIR),
                            "-I" + toolkit["include"], "-DGOOGLE_CUDA=1",
-                           "--expt-relaxed-constexpr"] + compile_flags
+                           "--expt-relaxed-constexpr"] + cuda_arch_flags(toolkit["release"]) + compile_flags
             else:
                 command = [cxx, "-c", str(source), "-o", str(target)] + common
             stale = _newer(source, target) or newest_header > target.stat().st_mtime
