@@ -28,8 +28,8 @@ GROUP_SYMBOLS = [
     "mergecomp_group_payload_bytes", "mergecomp_group_row_bytes", "mergecomp_group_context_size",
     "mergecomp_group_workspace_bytes", "mergecomp_group_encode_gpu", "mergecomp_group_decode_gpu",
     "mergecomp_group_error_string", "mergecomp_group_codec_names",
-    "mergecomp_group_decode_gpu_async", "mergecomp_cast_to_float_gpu",
-    "mergecomp_cast_from_float_gpu",
+    "mergecomp_group_decode_gpu_async", "mergecomp_group_cast_to_float_gpu",
+    "mergecomp_group_cast_from_float_gpu",
 ]
 DENSE_SYMBOLS = ["mergecomp_dense_scratch_bytes"] + [
     "mergecomp_%s_%s_gpu" % (codec, way)

@@ -1,7 +1,9 @@
 // What the GPU op kernels (group_op_gpu.cc, powersgd_op_gpu.cc) share: the
 // op's stream, a launcher's error code as a Status, the device copy for
 // LockedStateVariables::Acquire, and one step's tables in pinned host memory
-// copied to the device with one asynchronous copy.
+// copied to the device with one asynchronous copy, the pinned buffer held
+// until the stream has passed the copy (TensorFlow's EventMgr, as its own
+// GpuDeviceArrayOnHost does: no host callback on the stream).
 //
 // For GOOGLE_CUDA builds only; a kernel file defines EIGEN_USE_GPU before any
 // TensorFlow header and includes this one inside its own #if GOOGLE_CUDA.
@@ -22,6 +24,7 @@
 
 #include "cc/kernels/group_gpu_launchers.h"
 #include "cc/kernels/state_variables.h"
+#include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -61,7 +64,8 @@ inline LockedStateVariables::DeviceCopy DeviceCopyOn(cudaStream_t stream) {
 // One step's tables: 8-byte words (int64 values or device pointers) filled
 // on the host in a pinned buffer from TensorFlow's allocator, then copied to
 // the device with one asynchronous copy on the op's stream; the pinned
-// buffer is released by a host callback once the stream has passed the copy.
+// buffer is released by TensorFlow's EventMgr once the stream has passed
+// the copy.
 class PinnedTables {
  public:
   // what: the tables in error messages ("the group's tables").
@@ -98,23 +102,24 @@ class PinnedTables {
     memcpy(host(word), &pointer, sizeof(pointer));
   }
 
-  // Queues the copy to the device on the stream; the pinned buffer is held
-  // until the stream has passed it.
-  Status CopyToDevice(cudaStream_t stream) {
+  // Queues the copy to the device on the op's stream; the pinned buffer is
+  // held (a reference in an EventMgr callback) until the stream has passed it.
+  Status CopyToDevice(OpKernelContext* context, cudaStream_t stream) {
+    const auto* device_info = context->device()->tensorflow_accelerator_device_info();
+    auto* device_context = context->op_device_context();
+    if (device_info == nullptr || device_info->event_mgr == nullptr ||
+        device_context == nullptr || device_context->stream() == nullptr) {
+      return tensorflow::errors::Internal("copying ", what_,
+                                          ": the op has no GPU stream and event manager");
+    }
     const cudaError_t copied = cudaMemcpyAsync(device_.data(), host_.data(), host_.TotalBytes(),
                                                cudaMemcpyHostToDevice, stream);
     if (copied != cudaSuccess) {
       return tensorflow::errors::Internal("copying ", what_, " to the device: ",
                                           cudaGetErrorString(copied));
     }
-    auto* held = new Tensor(host_);
-    const cudaError_t queued = cudaLaunchHostFunc(
-        stream, [](void* tensor) { delete static_cast<Tensor*>(tensor); }, held);
-    if (queued != cudaSuccess) {
-      // The callback never runs: keep the buffer rather than free it under the copy.
-      return tensorflow::errors::Internal("queueing the release of ", what_, ": ",
-                                          cudaGetErrorString(queued));
-    }
+    const Tensor held = host_;  // a reference to the pinned buffer
+    device_info->event_mgr->ThenExecute(device_context->stream(), [held]() {});
     return tensorflow::OkStatus();
   }
 

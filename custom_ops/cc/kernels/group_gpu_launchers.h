@@ -102,16 +102,23 @@ int mergecomp_group_decode_gpu_async(const MergecompGpuCodec* codec,
                                      int64_t num_rows, const int32_t* codec_context,
                                      int32_t* nonfinite, void* workspace, void* stream);
 
-// Casts between a gradient of another float dtype and float32 on the device
-// (group_cast_gpu.cu.cc), rounding as the CPU kernels' static_casts do (to
-// nearest even; bfloat16 NaN -> quiet NaN). kind: MERGECOMP_CAST_*.
+// Casts the group's tensors of another float dtype between their dtype and
+// float32 on the device (group_cast_gpu.cu.cc), all of them in one launch
+// over the group, rounding as the CPU kernels' static_casts do (to nearest
+// even; bfloat16 NaN -> quiet NaN). kinds (device int64[num_tensors]):
+// MERGECOMP_CAST_* per tensor, 0 for a float32 tensor (left alone). Only the
+// group's sizes and device offsets are read from `group`.
 #define MERGECOMP_CAST_HALF 1
 #define MERGECOMP_CAST_BFLOAT16 2
 #define MERGECOMP_CAST_DOUBLE 3
-int mergecomp_cast_to_float_gpu(int kind, const void* input, float* output, int64_t n,
-                                void* stream);
-int mergecomp_cast_from_float_gpu(int kind, const float* input, void* output, int64_t n,
-                                  void* stream);
+// sources[i] (kind's dtype) -> targets[i] (float32).
+int mergecomp_group_cast_to_float_gpu(const MergecompGpuGroup* group, const int64_t* kinds,
+                                      const void* const* sources, float* const* targets,
+                                      void* stream);
+// sources[i] (float32) -> targets[i] (kind's dtype).
+int mergecomp_group_cast_from_float_gpu(const MergecompGpuGroup* group, const int64_t* kinds,
+                                        const float* const* sources, void* const* targets,
+                                        void* stream);
 
 // A message for a return code of the functions above.
 const char* mergecomp_group_error_string(int code);

@@ -6,12 +6,13 @@
 // random-k's k_i, the tables of gradient, output and state pointers) is
 // packed into one small buffer of pinned host memory from TensorFlow's
 // allocator and copied to the device with one asynchronous copy on the op's
-// stream; the pinned buffer is released by a host callback once the stream
+// stream; TensorFlow's EventMgr releases the pinned buffer once the stream
 // has passed the copy. Nothing here waits for the stream: no gradient,
 // payload or state crosses to the host. Gradients that are not float32
 // (float16, bfloat16, float64) are cast on the device into a float32 scratch
-// that the launchers read, and decoded through one that is cast into them;
-// the casts round as the CPU kernels' static_casts do.
+// that the launchers read, and decoded through one that is cast into them,
+// all of a group's casts in one launch; the casts round as the CPU kernels'
+// static_casts do.
 //
 // Compiled only with GOOGLE_CUDA (setup.py, CUDA builds).
 #if GOOGLE_CUDA
@@ -32,28 +33,32 @@
 namespace tf_mergecomp {
 namespace {
 
-// The float dtypes' codes of the cast launchers (group_cast_gpu.cu.cc).
-int CastKind(DataType dtype) {
+// The float dtypes' codes of the cast launchers (group_cast_gpu.cu.cc); 0
+// for float32, which is not cast.
+int64_t CastKind(DataType dtype) {
   switch (dtype) {
     case tensorflow::DT_HALF: return MERGECOMP_CAST_HALF;
     case tensorflow::DT_BFLOAT16: return MERGECOMP_CAST_BFLOAT16;
     case tensorflow::DT_DOUBLE: return MERGECOMP_CAST_DOUBLE;
-    default: return -1;
+    default: return 0;
   }
 }
 
 // One step's device tables (gpu_op_support.h's PinnedTables): int64
-// offsets[n + 1], int64 tensor_k[n], then three tables of n device pointers
-// (inputs, outputs, state).
+// offsets[n + 1], int64 tensor_k[n], int64 cast kinds[n], then four tables
+// of n device pointers (inputs, outputs, state, and the tensors of another
+// dtype as they lie: the gradients before the cast or the outputs after it).
 class DeviceTables {
  public:
   explicit DeviceTables(int64_t num_tensors)
       : tables_("the group's tables"),
         offsets_(tables_.Reserve(num_tensors + 1)),
         tensor_k_(tables_.Reserve(num_tensors)),
+        kinds_(tables_.Reserve(num_tensors)),
         inputs_(tables_.Reserve(num_tensors)),
         outputs_(tables_.Reserve(num_tensors)),
-        state_(tables_.Reserve(num_tensors)) {}
+        state_(tables_.Reserve(num_tensors)),
+        originals_(tables_.Reserve(num_tensors)) {}
 
   Status Allocate(OpKernelContext* context) { return tables_.Allocate(context); }
 
@@ -62,18 +67,27 @@ class DeviceTables {
   void set_input(int64_t i, const float* p) { tables_.set_pointer(inputs_ + i, p); }
   void set_output(int64_t i, float* p) { tables_.set_pointer(outputs_ + i, p); }
   void set_state(int64_t i, float* p) { tables_.set_pointer(state_ + i, p); }
+  // Tensor i as it lies in its own dtype (cast kind 0: float32, not cast).
+  void set_original(int64_t i, int64_t kind, const void* p) {
+    *tables_.host(kinds_ + i) = kind;
+    tables_.set_pointer(originals_ + i, p);
+  }
 
   const int64_t* offsets() const { return tables_.device<const int64_t>(offsets_); }
   const int64_t* tensor_k() const { return tables_.device<const int64_t>(tensor_k_); }
   const float* const* inputs() const { return tables_.device<const float* const>(inputs_); }
   float* const* outputs() const { return tables_.device<float* const>(outputs_); }
   float* const* state() const { return tables_.device<float* const>(state_); }
+  const int64_t* kinds() const { return tables_.device<const int64_t>(kinds_); }
+  void* const* originals() const { return tables_.device<void* const>(originals_); }
 
-  Status CopyToDevice(cudaStream_t stream) { return tables_.CopyToDevice(stream); }
+  Status CopyToDevice(OpKernelContext* context, cudaStream_t stream) {
+    return tables_.CopyToDevice(context, stream);
+  }
 
  private:
   PinnedTables tables_;
-  int64_t offsets_, tensor_k_, inputs_, outputs_, state_;
+  int64_t offsets_, tensor_k_, kinds_, inputs_, outputs_, state_, originals_;
 };
 
 // The ops' codec attributes as the launchers take them.
@@ -189,19 +203,13 @@ class GroupEncodeGpuOp : public OpKernel {
     std::vector<int64_t> host_offsets(offsets, offsets + n + 1);
     Tensor scratch;
     OP_REQUIRES_OK(context, AllocateScratch(context, dtypes, host_offsets, &scratch));
+    bool any_cast = false;
     for (int64_t i = 0; i < n; ++i) {
-      const float* input = nullptr;
-      if (dtypes[i] == tensorflow::DT_FLOAT) {
-        input = gradients[i].flat<float>().data();
-      } else {
-        float* cast = scratch.flat<float>().data() + host_offsets[i];
-        OP_REQUIRES_OK(context, LauncherStatus("casting a gradient to float32",
-                                               mergecomp_cast_to_float_gpu(
-                                                   CastKind(dtypes[i]), gradients[i].data(), cast,
-                                                   host_offsets[i + 1] - host_offsets[i], stream)));
-        input = cast;
-      }
-      tables.set_input(i, input);
+      const bool cast = dtypes[i] != tensorflow::DT_FLOAT;
+      any_cast |= cast;
+      tables.set_input(i, cast ? scratch.flat<float>().data() + host_offsets[i]
+                               : gradients[i].flat<float>().data());
+      tables.set_original(i, CastKind(dtypes[i]), gradients[i].data());
       if (buffers > 0) tables.set_state(i, state.buffer(i));
     }
 
@@ -227,7 +235,15 @@ class GroupEncodeGpuOp : public OpKernel {
                                 tensorflow::DT_INT8,
                                 TensorShape({mergecomp_group_workspace_bytes(&codec, &group)}),
                                 &workspace));
-    OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
+    OP_REQUIRES_OK(context, tables.CopyToDevice(context, stream));
+    if (any_cast) {
+      // The group's float16/bfloat16/float64 gradients into the float32 scratch.
+      OP_REQUIRES_OK(context, LauncherStatus("casting the gradients to float32",
+                                             mergecomp_group_cast_to_float_gpu(
+                                                 &group, tables.kinds(), tables.originals(),
+                                                 const_cast<float* const*>(tables.inputs()),
+                                                 stream)));
+    }
     OP_REQUIRES_OK(context,
                    LauncherStatus("MergecompGroupEncode (GPU)",
                                   mergecomp_group_encode_gpu(
@@ -305,17 +321,20 @@ class GroupDecodeGpuOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output("nonfinite", TensorShape({n}), &nonfinite));
     Tensor scratch;
     OP_REQUIRES_OK(context, AllocateScratch(context, dtypes_, offsets_, &scratch));
+    bool any_cast = false;
     for (int64_t i = 0; i < n; ++i) {
-      tables.set_output(i, dtypes_[i] == tensorflow::DT_FLOAT
-                               ? tensors[i]->flat<float>().data()
-                               : scratch.flat<float>().data() + offsets_[i]);
+      const bool cast = dtypes_[i] != tensorflow::DT_FLOAT;
+      any_cast |= cast;
+      tables.set_output(i, cast ? scratch.flat<float>().data() + offsets_[i]
+                                : tensors[i]->flat<float>().data());
+      tables.set_original(i, CastKind(dtypes_[i]), tensors[i]->data());
     }
     Tensor workspace;
     OP_REQUIRES_OK(context, context->allocate_temp(
                                 tensorflow::DT_INT8,
                                 TensorShape({mergecomp_group_workspace_bytes(&codec, &shape_only)}),
                                 &workspace));
-    OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
+    OP_REQUIRES_OK(context, tables.CopyToDevice(context, stream));
     const MergecompGpuGroup group{n, offsets_.data(), tables.offsets(), nullptr, tables.outputs(),
                                   nullptr};
     OP_REQUIRES_OK(context,
@@ -325,14 +344,12 @@ class GroupDecodeGpuOp : public OpKernel {
                                       num_rows_, codec_context.flat<int32_t>().data(),
                                       nonfinite->flat<int32_t>().data(), workspace.data(),
                                       stream)));
-    for (int64_t i = 0; i < n; ++i) {
-      if (dtypes_[i] == tensorflow::DT_FLOAT) continue;
-      OP_REQUIRES_OK(context, LauncherStatus("casting a decoded gradient from float32",
-                                             mergecomp_cast_from_float_gpu(
-                                                 CastKind(dtypes_[i]),
-                                                 scratch.flat<float>().data() + offsets_[i],
-                                                 tensors[i]->data(), offsets_[i + 1] - offsets_[i],
-                                                 stream)));
+    if (any_cast) {
+      // The decoded float32 scratch into the float16/bfloat16/float64 outputs.
+      OP_REQUIRES_OK(context, LauncherStatus("casting the decoded gradients from float32",
+                                             mergecomp_group_cast_from_float_gpu(
+                                                 &group, tables.kinds(), tables.outputs(),
+                                                 tables.originals(), stream)));
     }
   }
 

@@ -216,7 +216,7 @@ class PowersgdGroupPGpuOp : public PowersgdKernel<PowersgdPAttrs> {
     OP_REQUIRES_OK(context, tables.Allocate(context));
     group_tables.Fill(dtypes, pointers, {}, &state);
     matrix_tables.Fill();
-    OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
+    OP_REQUIRES_OK(context, tables.CopyToDevice(context, stream));
     const MergecompPowersgdGpuGroup group = group_tables.Group();
     const MergecompGpuMatrices matrices = matrix_tables.Matrices();
     float* p = p_tensor->flat<float>().data();
@@ -261,7 +261,7 @@ class PowersgdGroupQGpuOp : public PowersgdKernel<PowersgdShapesAttrs> {
     OP_REQUIRES_OK(context, tables.Allocate(context));
     group_tables.Fill({}, {}, {}, nullptr);
     matrix_tables.Fill();
-    OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
+    OP_REQUIRES_OK(context, tables.CopyToDevice(context, stream));
     const MergecompPowersgdGpuGroup group = group_tables.Group();
     const MergecompGpuMatrices matrices = matrix_tables.Matrices();
     OP_REQUIRES_OK(context, LauncherStatus("MergecompPowersgdGroupQ (GPU): Gram-Schmidt",
@@ -301,7 +301,7 @@ class PowersgdGroupFinishGpuOp : public PowersgdKernel<PowersgdFinishAttrs> {
     GroupTables group_tables(layout, attrs_.residual, &tables);
     OP_REQUIRES_OK(context, tables.Allocate(context));
     group_tables.Fill(attrs_.dtypes, {}, out, &state);
-    OP_REQUIRES_OK(context, tables.CopyToDevice(stream));
+    OP_REQUIRES_OK(context, tables.CopyToDevice(context, stream));
     const MergecompPowersgdGpuGroup group = group_tables.Group();
     OP_REQUIRES_OK(context, LauncherStatus("MergecompPowersgdGroupFinish (GPU)",
                                            mergecomp_powersgd_finish_gpu(
