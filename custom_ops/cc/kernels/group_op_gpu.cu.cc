@@ -1,25 +1,30 @@
 // CUDA group codecs (interface and payload layout: group_gpu_launchers.h).
 //
-// The group is one flat index space over a device table of tensors; a
-// thread finds the tensor of its element through a cursor that keeps the
-// tensor it last used and binary-searches the offsets only when it leaves
-// it, so every pass is one launch over the whole group whatever the number
-// of tensors.
+// The group is one flat index space over a device table of tensors. The
+// element-wise passes run over tiles of it (dense_gpu.h): each block takes a
+// contiguous share of the tiles, each thread 16-byte vectors of them, and a
+// cursor keeps the tensor it last used, stepping to the next one as the
+// block walks forward; so every pass is one launch over the whole group
+// whatever the number of tensors, at near-copy access patterns.
 //
-// Passes (each one launch over the group, every kernel on gpu::ForEachIndex
-// and gpu::BlockReduce):
-//   encode  non-finite flags (reads g) -> markers ->
-//           dense: [reduction of p + header, for onebit/efsignsgd/qsgd/terngrad] ->
+// Passes (each one launch over the group):
+//   encode  dense: [reduction of p + header, for onebit/efsignsgd/qsgd/terngrad;
+//                   it also finds the non-finite tensors, and is repeated
+//                   with them as zeros only if it found one] ->
 //                  codes + state update (p recomputed from g and the old state,
 //                  s = decode(own payload) per element, state written once);
-//           sparse: compensation into one float32 group buffer (and the state)
-//                  -> selection on it (topk/dgc: the single-buffer selection;
-//                  randomk: every tensor's selection, k_i of n_i, at once, one
-//                  launch per radix pass over the group) -> state correction
-//                  at the sent slots only.
+//                  without a reduction the codes pass finds the non-finite
+//                  tensors when there is no state (repeated only if it found
+//                  one), else a flags pass of its own runs first;
+//           sparse: flags -> compensation into one float32 group buffer (and
+//                  the state) -> selection on it (topk/dgc: the single-buffer
+//                  selection; randomk: every tensor's draw, k_i of n_i, at
+//                  once, randomk_group_select_gpu.cu.h) -> state correction at
+//                  the sent slots only;
+//           then the markers.
 //   decode  markers -> flags; dense: one pass over the group combining every
-//           row; sparse: fill, one scatter per row (worker order, as the CPU
-//           adds), finish (divide, NaN for marked tensors).
+//           row; sparse: fill (0, NaN for marked tensors), one scatter per row
+//           (worker order, as the CPU adds), a division when rows > 1.
 // Float arithmetic is rounded step by step (__fadd_rn, __fmul_rn, ...) as the
 // CPU kernels round it, so codes, decoded values and state are the CPU's;
 // only the float64 sums behind the onebit/efsignsgd/qsgd headers are added in
@@ -34,6 +39,7 @@
 #include "cc/kernels/group_gpu_launchers.h"
 #include "cc/kernels/payload_size.h"
 #include "cc/kernels/random.h"
+#include "cc/kernels/randomk_group_select_gpu.cu.h"
 #include "cc/kernels/sparse_gpu_launchers.h"
 #include "cc/kernels/sparse_select_gpu.cu.h"
 
@@ -648,232 +654,6 @@ __global__ void CorrectSentKernel(DeviceGroup group, DeviceMemory memory, int64_
   });
 }
 
-// ---- random-k: the selections of every tensor of the group at once ----------------
-//
-// The single-buffer selection (sparse_select_gpu.cu.h: three radix passes
-// for the threshold, then per-chunk counts, a serial split of the ties and
-// the emission in index order) run for all tensors together, each pass one
-// launch over the group: tensor t (k_t > 0) selects k_t of its n_t elements
-// by the keys RandomBits(TensorSeed(seed, t), i), i local to the tensor, the
-// CPU's draw. Per tensor: a SelectState and a histogram of kMaxBins counts
-// (global atomics); chunks of gpu_select::kChunk elements never straddle two
-// tensors, so each chunk's block emits into its tensor's slots in index
-// order, as the per-tensor launches did.
-constexpr int64_t kSelectAlign = 256;
-inline int64_t SelectAligned(int64_t bytes) {
-  return (bytes + kSelectAlign - 1) / kSelectAlign * kSelectAlign;
-}
-
-struct RandomkSelect {
-  gpu_select::SelectState* state;  // [num_tensors]
-  uint32_t* histogram;             // [num_tensors][kMaxBins]
-  int64_t* chunk_base;             // [num_tensors + 1]: tensor t's first chunk
-  int64_t* slot_base;              // [num_tensors]: tensor t's first slot
-  long long* greater;              // [chunks] per chunk
-  long long* ties;
-  long long* start;                // [chunks]: the chunk's first slot in the group
-};
-
-__host__ __device__ inline int64_t RandomkChunks(int64_t size) {
-  return (size + gpu_select::kChunk - 1) / gpu_select::kChunk;
-}
-
-inline int64_t RandomkSelectBytes(int64_t num_tensors, int64_t chunks) {
-  return SelectAligned(sizeof(gpu_select::SelectState) * num_tensors) +
-         SelectAligned(sizeof(uint32_t) * gpu_select::kMaxBins * num_tensors) +
-         SelectAligned(8 * (num_tensors + 1)) + SelectAligned(8 * num_tensors) + 3 * SelectAligned(8 * (chunks + 1));
-}
-
-RandomkSelect CarveRandomkSelect(void* base, int64_t num_tensors, int64_t chunks) {
-  char* p = static_cast<char*>(base);
-  RandomkSelect ws;
-  ws.state = reinterpret_cast<gpu_select::SelectState*>(p);
-  p += SelectAligned(sizeof(gpu_select::SelectState) * num_tensors);
-  ws.histogram = reinterpret_cast<uint32_t*>(p);
-  p += SelectAligned(sizeof(uint32_t) * gpu_select::kMaxBins * num_tensors);
-  ws.chunk_base = reinterpret_cast<int64_t*>(p);
-  p += SelectAligned(8 * (num_tensors + 1));
-  ws.slot_base = reinterpret_cast<int64_t*>(p);
-  p += SelectAligned(8 * num_tensors);
-  ws.greater = reinterpret_cast<long long*>(p);
-  p += SelectAligned(8 * (chunks + 1));
-  ws.ties = reinterpret_cast<long long*>(p);
-  p += SelectAligned(8 * (chunks + 1));
-  ws.start = reinterpret_cast<long long*>(p);
-  return ws;
-}
-
-// One block: the chunk and slot bases (prefix sums over the tensors, each
-// thread a contiguous run of them).
-__global__ void RandomkTablesKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
-  const int64_t count = group.num_tensors;
-  const int64_t per = (count + kThreads - 1) / kThreads;
-  const int64_t begin = threadIdx.x * per;
-  const int64_t end = begin + per < count ? begin + per : count;
-  long long my_chunks = 0, my_slots = 0;
-  for (int64_t t = begin; t < end; ++t) {
-    if (tensor_k[t] > 0) my_chunks += RandomkChunks(group.offsets[t + 1] - group.offsets[t]);
-    my_slots += tensor_k[t];
-  }
-  long long all_chunks = 0, all_slots = 0;
-  long long chunks = gpu_select::BlockExclusiveSum(my_chunks, &all_chunks);
-  long long slots = gpu_select::BlockExclusiveSum(my_slots, &all_slots);
-  for (int64_t t = begin; t < end; ++t) {
-    ws.chunk_base[t] = chunks;
-    ws.slot_base[t] = slots;
-    if (tensor_k[t] > 0) chunks += RandomkChunks(group.offsets[t + 1] - group.offsets[t]);
-    slots += tensor_k[t];
-  }
-  if (threadIdx.x == 0) ws.chunk_base[count] = all_chunks;
-}
-
-// One block per tensor: the threshold search's state and a zero histogram.
-__global__ void RandomkInitKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
-  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
-    if (threadIdx.x == 0) {
-      ws.state[t].prefix = 0;
-      ws.state[t].prefix_mask = 0;
-      ws.state[t].remaining = tensor_k[t];
-    }
-    uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
-    for (int b = threadIdx.x; b < gpu_select::kMaxBins; b += blockDim.x) histogram[b] = 0;
-  }
-}
-
-// One radix pass's histograms: each block a contiguous share of the group's
-// elements, counted tensor by tensor in a shared-memory histogram that is
-// then added to the tensor's global one (one atomic per non-empty bin, not
-// one per element).
-__global__ void RandomkHistogramKernel(DeviceGroup group, const int64_t* tensor_k, int64_t seed,
-                                       RandomkSelect ws, int shift, int bins) {
-  __shared__ uint32_t local[gpu_select::kMaxBins];
-  const int64_t lo = group.total * blockIdx.x / gridDim.x;
-  const int64_t hi = group.total * (blockIdx.x + 1) / gridDim.x;
-  if (lo >= hi) return;
-  const uint32_t digit_mask = static_cast<uint32_t>(bins - 1);
-  int64_t t = group.TensorAt(lo);
-  for (int64_t begin = lo; begin < hi;) {
-    while (group.offsets[t + 1] <= begin) ++t;  // empty tensors
-    const int64_t offset = group.offsets[t];
-    const int64_t end = group.offsets[t + 1] < hi ? group.offsets[t + 1] : hi;
-    if (tensor_k[t] > 0) {
-      for (int b = threadIdx.x; b < bins; b += blockDim.x) local[b] = 0;
-      __syncthreads();
-      const SeedKey key = MakeSeedKey(TensorSeed(seed, t));
-      const uint32_t prefix = ws.state[t].prefix, prefix_mask = ws.state[t].prefix_mask;
-      for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-        const uint32_t bits = RandomBits(key, static_cast<uint32_t>(i - offset));
-        if ((bits & prefix_mask) == prefix) atomicAdd(&local[(bits >> shift) & digit_mask], 1u);
-      }
-      __syncthreads();
-      uint32_t* histogram = ws.histogram + t * gpu_select::kMaxBins;
-      for (int b = threadIdx.x; b < bins; b += blockDim.x) {
-        if (local[b] != 0) atomicAdd(&histogram[b], local[b]);
-      }
-      __syncthreads();
-    }
-    begin = end;
-  }
-}
-
-// One block per tensor: gpu_select::ChooseDigit on the tensor's histogram.
-__global__ void RandomkChooseDigitKernel(DeviceGroup group, const int64_t* tensor_k,
-                                         RandomkSelect ws, int shift, int bins) {
-  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
-    if (tensor_k[t] == 0) continue;
-    gpu_select::ChooseDigit(&ws.state[t], ws.histogram + t * gpu_select::kMaxBins, shift, bins);
-  }
-}
-
-// The tensor of chunk `chunk` and the chunk's element range in it.
-struct RandomkChunk {
-  int64_t t, begin, end;
-  __device__ RandomkChunk(DeviceGroup group, const RandomkSelect& ws, int64_t chunk) {
-    t = gpu::SegmentAt(ws.chunk_base, group.num_tensors, chunk);
-    const int64_t size = group.offsets[t + 1] - group.offsets[t];
-    begin = (chunk - ws.chunk_base[t]) * gpu_select::kChunk;
-    end = begin + gpu_select::kChunk < size ? begin + gpu_select::kChunk : size;
-  }
-};
-
-// One block per chunk (gpu_select::CountChunksKernel).
-__global__ void RandomkCountKernel(DeviceGroup group, int64_t seed, RandomkSelect ws) {
-  __shared__ unsigned long long gt, eq;
-  if (threadIdx.x == 0) gt = eq = 0;
-  __syncthreads();
-  const RandomkChunk chunk(group, ws, blockIdx.x);
-  const SeedKey key = MakeSeedKey(TensorSeed(seed, chunk.t));
-  const uint32_t threshold = ws.state[chunk.t].prefix;
-  unsigned long long my_gt = 0, my_eq = 0;
-  for (int64_t i = chunk.begin + threadIdx.x; i < chunk.end; i += blockDim.x) {
-    const uint32_t bits = RandomBits(key, static_cast<uint32_t>(i));
-    my_gt += bits > threshold;
-    my_eq += bits == threshold;
-  }
-  atomicAdd(&gt, my_gt);
-  atomicAdd(&eq, my_eq);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    ws.greater[blockIdx.x] = static_cast<long long>(gt);
-    ws.ties[blockIdx.x] = static_cast<long long>(eq);
-  }
-}
-
-// One block per tensor: the split of its ties over its chunks
-// (gpu_select::SplitTies), starts in the group's slots.
-__global__ void RandomkScanKernel(DeviceGroup group, const int64_t* tensor_k, RandomkSelect ws) {
-  for (int64_t t = blockIdx.x; t < group.num_tensors; t += gridDim.x) {
-    if (tensor_k[t] == 0) continue;
-    gpu_select::SplitTies(ws.chunk_base[t], ws.chunk_base[t + 1] - ws.chunk_base[t],
-                          ws.state[t].remaining, ws.slot_base[t], ws.greater, ws.ties, ws.start);
-  }
-}
-
-// One block per chunk (gpu_select::EmitKernel): values and group positions
-// at the chunk's slots, in index order.
-__global__ void RandomkEmitKernel(DeviceGroup group, int64_t seed, RandomkSelect ws,
-                                  const float* p, float* values, int32_t* positions) {
-  __shared__ int scratch[gpu_select::kThreads];
-  const RandomkChunk chunk(group, ws, blockIdx.x);
-  const SeedKey key = MakeSeedKey(TensorSeed(seed, chunk.t));
-  const uint32_t threshold = ws.state[chunk.t].prefix;
-  const int64_t first = chunk.begin + static_cast<int64_t>(threadIdx.x) * gpu_select::kItemsPerThread;
-  uint32_t keys[gpu_select::kItemsPerThread];
-  int my_eq = 0;
-  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
-    const int64_t i = first + j;
-    keys[j] = i < chunk.end ? RandomBits(key, static_cast<uint32_t>(i)) : 0u;
-    my_eq += (i < chunk.end && keys[j] == threshold);
-  }
-  const int eq_before = gpu_select::BlockInclusiveSum(my_eq, scratch) - my_eq;
-  const long long ties_here = ws.ties[blockIdx.x];
-  int my_selected = 0, eq_seen = 0;
-  bool take[gpu_select::kItemsPerThread];
-  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
-    const int64_t i = first + j;
-    bool t = false;
-    if (i < chunk.end) {
-      if (keys[j] > threshold) {
-        t = true;
-      } else if (keys[j] == threshold) {
-        t = eq_before + eq_seen < ties_here;
-        ++eq_seen;
-      }
-    }
-    take[j] = t;
-    my_selected += t;
-  }
-  long long position =
-      ws.start[blockIdx.x] + gpu_select::BlockInclusiveSum(my_selected, scratch) - my_selected;
-  const int64_t offset = group.offsets[chunk.t];
-  for (int j = 0; j < gpu_select::kItemsPerThread; ++j) {
-    if (!take[j]) continue;
-    positions[position] = static_cast<int32_t>(offset + first + j);
-    values[position] = p[offset + first + j];
-    ++position;
-  }
-}
-
 // ---- decode ------------------------------------------------------------------
 
 // Writes a vector's values of valid elements to the outputs (one 16-byte
@@ -1089,7 +869,7 @@ struct Checked {
   int64_t row_bytes;
   int64_t context_size;
   int64_t max_size;
-  int64_t random_chunks;  // randomk: selection chunks of the tensors with k_i > 0
+  randomk_group::Sizes randomk;  // randomk: the draws' workspace
 };
 
 // Validates the arguments; false for anything the launchers cannot run.
@@ -1109,7 +889,7 @@ bool Check(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, Check
   out->total = group->host_offsets[group->num_tensors];
   const int64_t n = out->total;
   out->context_size = 0;
-  out->random_chunks = 0;
+  out->randomk = randomk_group::Sizes();
   switch (out->codec) {
     case kNone: out->payload_bytes = payload_size::None(n); break;
     case kFp16: out->payload_bytes = payload_size::Fp16(n); break;
@@ -1135,9 +915,10 @@ bool Check(const MergecompGpuCodec* codec, const MergecompGpuGroup* group, Check
         const int64_t size = group->host_offsets[t + 1] - group->host_offsets[t];
         if (k < 0 || k > size) return false;
         slots += k;
-        if (k > 0) out->random_chunks += RandomkChunks(size);
       }
       out->context_size = slots;
+      out->randomk = randomk_group::SizesFor(group->num_tensors, group->host_offsets,
+                                             codec->host_tensor_k);
       out->payload_bytes = payload_size::Randomk(slots);
       break;
     }
@@ -1152,7 +933,7 @@ int64_t SelectBytes(const MergecompGpuCodec* codec, const Checked& c) {
     case kTopk: return static_cast<int64_t>(mergecomp_topk_workspace_bytes(c.total));
     case kDgc:
       return static_cast<int64_t>(mergecomp_dgc_workspace_bytes(c.total, codec->sample_size));
-    case kRandomk: return RandomkSelectBytes(c.num_tensors, c.random_chunks);
+    case kRandomk: return c.randomk.Bytes(c.num_tensors);
     default: return 0;
   }
 }
@@ -1219,37 +1000,6 @@ int EncodeDense(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup gr
                           code_bytes, static_cast<int>(kRedoIfFound));
 }
 
-// Random-k's selections of the whole group (the kernels above): the chunk
-// and slot tables, then per radix pass one histogram launch over the group
-// and one digit choice per tensor, then the chunk counts, the ties' split
-// and the emission; writes values and positions at every tensor's slots.
-int SelectRandomk(const MergecompGpuCodec* codec, const Checked& c, DeviceGroup group,
-                  const Workspace& ws, int64_t seed, float* values, int32_t* positions,
-                  cudaStream_t stream) {
-  if (c.random_chunks == 0) return 0;  // no tensor draws anything
-  const RandomkSelect select = CarveRandomkSelect(ws.select, c.num_tensors, c.random_chunks);
-  const int64_t* tensor_k = codec->tensor_k;
-  const int tensor_blocks = static_cast<int>(c.num_tensors < 65535 ? c.num_tensors : 65535);
-  const unsigned chunks = static_cast<unsigned>(c.random_chunks);
-  const int histogram_blocks = static_cast<int>(
-      gpu::TilesFor(c.total) < gpu::ResidentBlocks() ? gpu::TilesFor(c.total) : gpu::ResidentBlocks());
-  RandomkTablesKernel<<<1, kThreads, 0, stream>>>(group, tensor_k, select);
-  RandomkInitKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select);
-  for (int pass = 0; pass < 3; ++pass) {
-    const int bins = 1 << gpu_select::kDigitBitsGpu[pass];
-    const int shift = gpu_select::kDigitShiftGpu[pass];
-    RandomkHistogramKernel<<<histogram_blocks, kThreads, 0, stream>>>(group, tensor_k, seed,
-                                                                       select, shift, bins);
-    RandomkChooseDigitKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select,
-                                                                     shift, bins);
-  }
-  RandomkCountKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select);
-  RandomkScanKernel<<<tensor_blocks, kThreads, 0, stream>>>(group, tensor_k, select);
-  RandomkEmitKernel<<<chunks, gpu_select::kThreads, 0, stream>>>(group, seed, select, ws.p,
-                                                                 values, positions);
-  return static_cast<int>(cudaGetLastError());
-}
-
 int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_group,
                  const Checked& c, DeviceGroup group, DeviceMemory memory, const Workspace& ws,
                  int64_t seed, uint8_t* row, int32_t* codec_context, cudaStream_t stream) {
@@ -1270,11 +1020,12 @@ int EncodeSparse(const MergecompGpuCodec* codec, const MergecompGpuGroup* host_g
     slots = codec->k;
     indices = reinterpret_cast<const int32_t*>(row + 4 * slots);
   } else {
-    // Every tensor's selection (k_i of n_i, seed TensorSeed(seed, i)), as the
-    // CPU draws, in one launch per pass over the group.
-    MERGECOMP_RETURN_IF_ERROR(SelectRandomk(codec, c, group, ws, seed,
-                                            reinterpret_cast<float*>(row), codec_context,
-                                            stream));
+    // Every tensor's draw (k_i of n_i, seed TensorSeed(seed, i)), as the CPU
+    // draws (randomk_group_select_gpu.cu.h).
+    const randomk_group::Group draws{c.num_tensors, group.offsets, codec->tensor_k, seed};
+    MERGECOMP_RETURN_IF_ERROR(randomk_group::LaunchSelect(draws, c.randomk, ws.select, ws.p,
+                                                          reinterpret_cast<float*>(row),
+                                                          codec_context, stream));
     slots = c.context_size;
     indices = codec_context;
   }
