@@ -1,0 +1,170 @@
+// The block barrier, shared memory and the block's warps (block_context.h).
+#include "runtime/block_context.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/futex.h"
+#include "runtime/warp_context.h"
+
+namespace cuda_emulation {
+
+namespace {
+constexpr unsigned char kSharedFill = 0xA5;  // shared memory starts undefined
+constexpr int kSpinIterations = 2000;
+
+void* AllocateFilled(std::size_t bytes, std::size_t alignment) {
+  alignment = alignment < 16 ? 16 : alignment;
+  const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* storage = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  if (storage == nullptr) Fatal("out of host memory for shared memory");
+  std::memset(storage, kSharedFill, rounded);
+  return storage;
+}
+}  // namespace
+
+BlockContext::BlockContext(Grid& grid, int64_t block)
+    : grid_(grid),
+      block_(block),
+      finished_(grid.threads, 0),
+      warps_(new std::atomic<WarpContext*>[(grid.threads + 31) / 32]()) {}
+
+BlockContext::~BlockContext() {
+  for (int i = 0, n = shared_count_.load(std::memory_order_acquire); i < n; ++i) {
+    std::free(shared_[i].storage);
+  }
+  std::free(dynamic_shared_);
+  for (int w = 0; w < (grid_.threads + 31) / 32; ++w) delete warps_[w].load();
+}
+
+void BlockContext::MarkFinished(int thread) {
+  if (finished_[thread]) return;
+  finished_[thread] = 1;
+  ++finished_count_;
+}
+
+void BlockContext::CompleteIfAllArrived() {
+  if (arrived_ == 0 || arrived_ + finished_count_ < grid_.threads) return;
+  last_or_ = vote_or_;
+  last_and_ = vote_and_;
+  last_count_ = vote_count_;
+  vote_or_ = 0;
+  vote_and_ = 1;
+  vote_count_ = 0;
+  arrived_ = 0;
+  generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  WakeAll(generation_);
+}
+
+int BlockContext::Result(Vote vote) const {
+  switch (vote) {
+    case Vote::kOr: return last_or_;
+    case Vote::kAnd: return last_and_;
+    case Vote::kCount: return last_count_;
+    default: return 0;
+  }
+}
+
+int BlockContext::Barrier(int thread, Vote vote, int predicate) {
+  (void)thread;
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint32_t generation = generation_.load(std::memory_order_relaxed);
+  ++arrived_;
+  vote_or_ |= predicate != 0;
+  vote_and_ &= predicate != 0;
+  vote_count_ += predicate != 0;
+  CompleteIfAllArrived();
+  if (generation_.load(std::memory_order_relaxed) != generation) return Result(vote);
+  lock.unlock();
+  if (grid_.spin) {
+    for (int i = 0; i < kSpinIterations; ++i) {
+      if (generation_.load(std::memory_order_acquire) != generation) return Result(vote);
+      __builtin_ia32_pause();
+    }
+  }
+  WaitWhileEquals(generation_, generation);
+  return Result(vote);
+}
+
+void BlockContext::ThreadFinished(int thread) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MarkFinished(thread);
+  CompleteIfAllArrived();
+  if (WarpContext* warp = warps_[thread / 32].load(std::memory_order_acquire)) {
+    warp->LaneFinished(thread % 32);
+  }
+}
+
+void BlockContext::CountThreadsAlreadyFinished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int t = 0; t < grid_.threads; ++t) {
+    // seq_cst, paired with the finishing thread's store of its progress and
+    // load of the context (grid.cc): a thread is seen by one or both.
+    if (grid_.progress[t].load(std::memory_order_seq_cst) > block_) MarkFinished(t);
+  }
+  CompleteIfAllArrived();
+}
+
+void* BlockContext::Shared(const void* key, std::size_t bytes, std::size_t alignment) {
+  int count = shared_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < count; ++i) {
+    if (shared_[i].key == key) return shared_[i].storage;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  count = shared_count_.load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) {
+    if (shared_[i].key == key) return shared_[i].storage;
+  }
+  if (count == kMaxSharedDeclarations) Fatal("more than 64 __shared__ declarations in a kernel");
+  shared_bytes_ += bytes;
+  if (shared_bytes_ > kMaxStaticSharedBytes) {
+    Fatal("a kernel's __shared__ variables exceed CUDA's 48 KB of static shared memory");
+  }
+  shared_[count] = SharedEntry{key, AllocateFilled(bytes, alignment)};
+  shared_count_.store(count + 1, std::memory_order_release);
+  return shared_[count].storage;
+}
+
+void* BlockContext::DynamicShared() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (dynamic_shared_ == nullptr) {
+    dynamic_shared_ = AllocateFilled(grid_.config.shared_bytes, 16);
+  }
+  return dynamic_shared_;
+}
+
+WarpContext& BlockContext::Warp(int warp) {
+  if (WarpContext* existing = warps_[warp].load(std::memory_order_acquire)) return *existing;
+  std::lock_guard<std::mutex> lock(mutex_);
+  WarpContext* context = warps_[warp].load(std::memory_order_relaxed);
+  if (context == nullptr) {
+    const int first = warp * 32;
+    const int lanes = grid_.threads - first < 32 ? grid_.threads - first : 32;
+    unsigned int finished = 0;
+    for (int lane = 0; lane < lanes; ++lane) {
+      if (finished_[first + lane]) finished |= 1u << lane;
+    }
+    context = new WarpContext(lanes, finished);
+    warps_[warp].store(context, std::memory_order_release);
+  }
+  return *context;
+}
+
+// ---- the block-level API of cuda_emulation/block.h ------------------------------
+
+int BlockBarrier(Vote vote, int predicate) {
+  Place& place = CurrentPlace();
+  return place.grid->Context(place.block).Barrier(place.thread, vote, predicate);
+}
+
+void* BlockSharedStorage(const void* key, std::size_t bytes, std::size_t alignment) {
+  Place& place = CurrentPlace();
+  return place.grid->Context(place.block).Shared(key, bytes, alignment);
+}
+
+void* DynamicSharedStorage() {
+  Place& place = CurrentPlace();
+  return place.grid->Context(place.block).DynamicShared();
+}
+
+}  // namespace cuda_emulation
