@@ -1,8 +1,19 @@
-"""The CUDA launchers reproduce the CPU ops (needs nvcc, a GPU and CuPy).
+"""The CUDA launchers reproduce the CPU ops, on a GPU or on the CUDA emulation.
 
-The kernels are built straight from custom_ops/ with nvcc into a plain shared
-library (gpu_check/launchers.py) and called through their ``extern "C"``
-launchers with CuPy arrays, so this runs on a GPU host without TensorFlow.
+The kernels are built straight from custom_ops/ into a plain shared library
+and called through their ``extern "C"`` launchers, without TensorFlow, on one
+of two backends (gpu_check/array_backends.py; $MERGECOMP_LAUNCHER_BACKEND
+picks one, else the first available):
+
+- "cuda": nvcc's build (gpu_check/launchers.py) with CuPy arrays on a GPU;
+- "emulated": g++'s build against the CUDA emulation (gpu_check/emulation:
+  the kernels run on the host, one host thread per CUDA thread, with real
+  block barriers) with numpy arrays as device memory. It shows what the
+  kernels compute, not how fast, and not faults that x86 forgives (a
+  misaligned load): ``make gpu-emulate-sanitize`` runs this file under UBSan
+  and ThreadSanitizer for those.
+
+Every test asserts the same on both backends.
 Expected bytes come from the CPU ops: tests/data/dense_golden.npz (the
 single-buffer codecs, make_dense_golden.py) and tests/data/group_golden.npz
 (the group ops over 9 tensors of sizes 0..2053 on 3 workers, every group codec
@@ -25,10 +36,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-
-from gpu_check import launchers  # noqa: E402  (after the CuPy skip)
-from tests._close import assert_close  # noqa: E402
+from gpu_check import array_backends, launchers
+from tests._close import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 5003
@@ -37,24 +46,28 @@ HEADER_BYTES = {"onebit": 8, "efsignsgd": 4, "qsgd": 4, "terngrad": 4}
 SUMMED_HEADERS = ("onebit", "efsignsgd", "qsgd")
 
 
-def _has_gpu():
-    try:
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # CuPy without a driver raises its own runtime errors
-        return False
+# The backend every test runs on: B.asarray / empty / zeros / full (device
+# arrays), B.get (to numpy), B.ptr (device pointer), B.synchronize.
+B = array_backends.select()
 
-
-pytestmark = [
-    pytest.mark.skipif(launchers.find_nvcc() is None, reason="nvcc not found"),
-    pytest.mark.skipif(not _has_gpu(), reason="no CUDA device"),
-]
+pytestmark = pytest.mark.skipif(B is None, reason=array_backends.unavailable_reason())
 
 P, I64 = ctypes.c_void_p, ctypes.c_int64
+EMULATED = B is not None and B.name == "emulated"
 
 
 @pytest.fixture(scope="module")
 def lib():
-    return launchers.load(launchers.build())
+    return launchers.load(B.library())
+
+
+def test_library_exports_every_launcher(lib):
+    """The library of this backend (nvcc's, or g++'s against the emulation)
+    exports exactly the launchers the checks bind."""
+    exported = launchers.exported_symbols(lib._name)
+    assert sorted(set(launchers.EXPECTED_SYMBOLS) - exported) == []
+    assert sorted(s for s in exported if s.startswith("mergecomp_")) == sorted(
+        launchers.EXPECTED_SYMBOLS)
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +88,24 @@ def inputs():
 
 
 def _call(fn, *args):
-    converted = [a.data.ptr if isinstance(a, cp.ndarray) else a for a in args]
+    converted = [B.ptr(a) if B.is_array(a) else a for a in args]
     fn.restype = ctypes.c_int
-    fn.argtypes = [P if isinstance(a, cp.ndarray) or a is None else I64 for a in args]
+    fn.argtypes = [P if B.is_array(a) or a is None else I64 for a in args]
     assert fn(*converted) == 0
-    cp.cuda.runtime.deviceSynchronize()
+    B.synchronize()
 
 
 def _encode(lib, key, x, seed):
-    scratch = cp.empty(lib.mergecomp_dense_scratch_bytes(), cp.uint8)
+    scratch = B.empty(lib.mergecomp_dense_scratch_bytes(), np.uint8)
     payload = None
     if key == "fp16":
-        payload = cp.empty(N, cp.uint16)
+        payload = B.empty(N, np.uint16)
         _call(lib.mergecomp_fp16_encode_gpu, x, N, payload, None)
-        return payload.get().view(np.float16)
+        return B.get(payload).view(np.float16)
     sizes = {"signsgd": (N + 7) // 8, "onebit": 8 + (N + 7) // 8,
              "efsignsgd": 4 + (N + 7) // 8, "qsgd64": 4 + N, "qsgd5": 4 + (N * 4 + 7) // 8,
              "terngrad": 4 + (N + 3) // 4}
-    payload = cp.empty(sizes[key], cp.uint8)
+    payload = B.empty(sizes[key], np.uint8)
     if key == "signsgd":
         _call(lib.mergecomp_signsgd_encode_gpu, x, N, payload, None)
     elif key in ("onebit", "efsignsgd"):
@@ -101,17 +114,17 @@ def _encode(lib, key, x, seed):
         _call(lib.mergecomp_qsgd_encode_gpu, x, N, seed, int(key[4:]), payload, scratch, None)
     else:
         _call(lib.mergecomp_terngrad_encode_gpu, x, N, seed, payload, scratch, None)
-    return payload.get()
+    return B.get(payload)
 
 
 def _decode(lib, key, rows):
-    out = cp.empty(N, cp.float32)
-    batch = cp.asarray(np.concatenate(rows))
+    out = B.empty(N, np.float32)
+    batch = B.asarray(np.concatenate(rows))
     if key.startswith("qsgd"):
         _call(lib.mergecomp_qsgd_decode_gpu, batch, len(rows), N, int(key[4:]), out, None)
     else:
         _call(getattr(lib, "mergecomp_%s_decode_gpu" % key), batch, len(rows), N, out, None)
-    return out.get()
+    return B.get(out)
 
 
 @pytest.mark.parametrize("key", ["fp16", "signsgd", "terngrad", "onebit", "efsignsgd",
@@ -119,7 +132,7 @@ def _decode(lib, key, rows):
 def test_gpu_encode_matches_cpu_op(lib, golden, key):
     header = {"onebit": 8, "efsignsgd": 4, "qsgd64": 4, "qsgd5": 4}.get(key, 0)
     for w, x in enumerate(inputs()):
-        got = _encode(lib, key, cp.asarray(x), w + 11)
+        got = _encode(lib, key, B.asarray(x), w + 11)
         expected = golden["%s_payload%d" % (key, w)]
         if header == 0:
             np.testing.assert_array_equal(got, expected)
@@ -138,9 +151,9 @@ def test_gpu_decode_matches_cpu_op(lib, golden, key):
 
 def test_gpu_fp16_decode_is_exact(lib):
     values = np.random.default_rng(5).standard_normal(N).astype(np.float16)
-    out = cp.empty(N, cp.float32)
-    _call(lib.mergecomp_fp16_decode_gpu, cp.asarray(values.view(np.uint16)), N, out, None)
-    np.testing.assert_array_equal(out.get(), values.astype(np.float32))
+    out = B.empty(N, np.float32)
+    _call(lib.mergecomp_fp16_decode_gpu, B.asarray(values.view(np.uint16)), N, out, None)
+    np.testing.assert_array_equal(B.get(out), values.astype(np.float32))
 
 
 # ---- group launchers -----------------------------------------------------------------
@@ -157,7 +170,7 @@ def _meta(group_golden, case):
 def _split(flat, sizes, buffers=1):
     parts, start = [], 0
     for n in sizes:
-        parts.append(cp.asarray(flat[start:start + buffers * n]))
+        parts.append(B.asarray(flat[start:start + buffers * n]))
         start += buffers * n
     return parts
 
@@ -183,37 +196,37 @@ def _group_encode(lib, g, case, w):
     grads = _split(g["%s__input%d" % (case, w)], sizes)
     buffers = meta["state_buffers"]
     state = _split(g["%s__state%d" % (case, w)].copy(), sizes, buffers) if buffers else None
-    group = launchers.DeviceGroup(cp, sizes, inputs=grads, state=state)
+    group = launchers.DeviceGroup(B, sizes, inputs=grads, state=state)
     pair = _codec(meta)
     codec = group.bind(pair)
-    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
-    context = cp.zeros(max(1, lib.mergecomp_group_context_size(codec, group.struct)), cp.int32)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
+    row = B.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), np.uint8)
+    context = B.zeros(max(1, lib.mergecomp_group_context_size(codec, group.struct)), np.int32)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
     seed = int(g["%s__seed%d" % (case, w)])
-    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, seed, row.data.ptr,
-                                               context.data.ptr, workspace.data.ptr, None),
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, seed, B.ptr(row),
+                                               B.ptr(context), B.ptr(workspace), None),
            "group encode " + case)
-    cp.cuda.runtime.deviceSynchronize()
-    after = np.concatenate([s.get() for s in state]) if state else None
+    B.synchronize()
+    after = np.concatenate([B.get(s) for s in state]) if state else None
     size = lib.mergecomp_group_context_size(codec, group.struct)
-    return row.get(), context.get()[:size], after
+    return B.get(row), B.get(context)[:size], after
 
 
 def _group_decode(lib, g, case, rows=None):
     meta = _meta(g, case)
     sizes = [int(n) for n in g[case + "__sizes"]]
-    outputs = [cp.full(n, 7.0, cp.float32) for n in sizes]  # garbage to overwrite
-    group = launchers.DeviceGroup(cp, sizes, outputs=outputs)
+    outputs = [B.full(n, 7.0, np.float32) for n in sizes]  # garbage to overwrite
+    group = launchers.DeviceGroup(B, sizes, outputs=outputs)
     codec = group.bind(_codec(meta))
-    rows = cp.asarray(g[case + "__rows"] if rows is None else rows)
-    context = cp.asarray(np.concatenate([g[case + "__context0"], np.zeros(1, np.int32)]))
-    nonfinite = cp.full(len(sizes), -1, cp.int32)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
-    code = lib.mergecomp_group_decode_gpu(codec, group.struct, rows.data.ptr, meta["num_rows"],
-                                          context.data.ptr, nonfinite.data.ptr,
-                                          workspace.data.ptr, None)
-    cp.cuda.runtime.deviceSynchronize()
-    return code, np.concatenate([o.get() for o in outputs]), nonfinite.get()
+    rows = B.asarray(g[case + "__rows"] if rows is None else rows)
+    context = B.asarray(np.concatenate([g[case + "__context0"], np.zeros(1, np.int32)]))
+    nonfinite = B.full(len(sizes), -1, np.int32)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
+    code = lib.mergecomp_group_decode_gpu(codec, group.struct, B.ptr(rows), meta["num_rows"],
+                                          B.ptr(context), B.ptr(nonfinite), B.ptr(workspace),
+                                          None)
+    B.synchronize()
+    return code, np.concatenate([B.get(o) for o in outputs]), B.get(nonfinite)
 
 
 CASES = ["none", "fp16", "signsgd", "signum", "onebit", "efsignsgd", "efsignsgd_nonfinite", "qsgd",
@@ -287,7 +300,7 @@ def test_bad_sparse_index_is_an_error(lib, group_golden, case):
 
 
 def test_unknown_codec_is_a_bad_argument(lib):
-    group = launchers.DeviceGroup(cp, [4], inputs=[cp.ones(4, cp.float32)])
+    group = launchers.DeviceGroup(B, [4], inputs=[B.full(4, 1.0, np.float32)])
     codec, _ = launchers.make_codec("nosuchcodec")
     assert lib.mergecomp_group_encode_gpu(codec, group.struct, 0, None, None, None, None) == (
         launchers.BAD_ARGUMENT)
@@ -300,16 +313,16 @@ def test_large_group_matches_layer_wise_sign_bits(lib):
     rng = np.random.default_rng(3)
     sizes = [int(n) for n in rng.integers(0, 3000, 2000)]
     flat = rng.standard_normal(sum(sizes)).astype(np.float32)
-    group = launchers.DeviceGroup(cp, sizes, inputs=_split(flat, sizes))
+    group = launchers.DeviceGroup(B, sizes, inputs=_split(flat, sizes))
     codec = group.bind(launchers.make_codec("signsgd"))
-    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
-    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, 0, row.data.ptr, None,
-                                               workspace.data.ptr, None), "signsgd encode")
-    single = cp.zeros((flat.size + 7) // 8, cp.uint8)
-    _call(lib.mergecomp_signsgd_encode_gpu, cp.asarray(flat), flat.size, single, None)
-    np.testing.assert_array_equal(row.get()[:single.size], single.get())
-    assert not row.get()[single.size:].any()  # all markers 0
+    row = B.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), np.uint8)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, 0, B.ptr(row), None,
+                                               B.ptr(workspace), None), "signsgd encode")
+    single = B.zeros((flat.size + 7) // 8, np.uint8)
+    _call(lib.mergecomp_signsgd_encode_gpu, B.asarray(flat), flat.size, single, None)
+    np.testing.assert_array_equal(B.get(row)[:single.size], B.get(single))
+    assert not B.get(row)[single.size:].any()  # all markers 0
 
 
 def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
@@ -319,13 +332,15 @@ def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
     payload = np.zeros(8 * k, np.uint8)
     payload[:4 * k].view(np.float32)[:] = [1, 2, 3, 4]
     payload[4 * k:].view(np.int32)[:] = [0, 3, 9, 5]
-    out = cp.zeros(n, cp.float32)
+    out = B.zeros(n, np.float32)
     fn = lib.mergecomp_sparse_scatter_mean_gpu
     fn.argtypes, fn.restype = [P, I64, I64, I64, P, P], ctypes.c_int
-    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == 0
-    np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])
+    device_payload = B.asarray(payload)
+    assert fn(B.ptr(device_payload), 1, k, n, B.ptr(out), None) == 0
+    np.testing.assert_array_equal(B.get(out)[[0, 3, 9, 5]], [1, 2, 3, 4])
     payload[4 * k:].view(np.int32)[2] = n
-    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == launchers.BAD_INDEX
+    device_payload = B.asarray(payload)
+    assert fn(B.ptr(device_payload), 1, k, n, B.ptr(out), None) == launchers.BAD_INDEX
 
 
 def test_powersgd_products_match_numpy(lib):
@@ -342,20 +357,20 @@ def test_powersgd_products_match_numpy(lib):
         c_offsets = np.concatenate([[0], np.cumsum([mi * ri for mi, ri in zip(m, r)])])
         a_offsets = np.concatenate([[0], np.cumsum([x.size for x in a_list])])[:-1]
         b_offsets = np.concatenate([[0], np.cumsum([x.size for x in b_list])])[:-1]
-        tables = {name: cp.asarray(np.asarray(v, np.int64)) for name, v in [
+        tables = {name: B.asarray(np.asarray(v, np.int64)) for name, v in [
             ("c_offsets", c_offsets), ("m", m), ("k", k), ("r", r), ("a_offsets", a_offsets),
             ("b_offsets", b_offsets)]}
         host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
         matrices = launchers.GpuMatrices(
             count=len(m), host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
-            **{name: t.data.ptr for name, t in tables.items()})
-        a = cp.asarray(np.concatenate([x.ravel() for x in a_list]))
-        b = cp.asarray(np.concatenate([x.ravel() for x in b_list]))
-        c = cp.zeros(int(c_offsets[-1]), cp.float32)
-        assert lib.mergecomp_grouped_matmul_gpu(matrices, a.data.ptr, int(transpose), b.data.ptr,
-                                                c.data.ptr, None) == 0
-        cp.cuda.runtime.deviceSynchronize()
-        flat = c.get()
+            **{name: B.ptr(t) for name, t in tables.items()})
+        a = B.asarray(np.concatenate([x.ravel() for x in a_list]))
+        b = B.asarray(np.concatenate([x.ravel() for x in b_list]))
+        c = B.zeros(int(c_offsets[-1]), np.float32)
+        assert lib.mergecomp_grouped_matmul_gpu(matrices, B.ptr(a), int(transpose), B.ptr(b),
+                                                B.ptr(c), None) == 0
+        B.synchronize()
+        flat = B.get(c)
         return [flat[c_offsets[i]:c_offsets[i + 1]].reshape(m[i], r[i]) for i in range(len(m))]
 
     rows = [s[0] for s in shapes]
@@ -409,52 +424,52 @@ def test_powersgd_steps_match_the_cpu_ops(lib, powersgd_golden):
             what = "%s worker %d" % (case, w)
             grads = [x.astype(dtype) for x in _split(g["%s__input%d" % (case, w)], sizes)]
             state = _split(g["%s__state%d" % (case, w)], state_sizes)
-            outputs = [cp.zeros(n, dtype) for n in sizes]
-            group = launchers.DevicePowersgdGroup(cp, shapes, rank, residual, gradients=grads,
+            outputs = [B.zeros(n, dtype) for n in sizes]
+            group = launchers.DevicePowersgdGroup(B, shapes, rank, residual, gradients=grads,
                                                   outputs=outputs, state=state,
                                                   dtypes=[dtype] * len(shapes))
-            m = cp.zeros(layout["compensated"], cp.float32)
-            p = cp.zeros(layout["p"], cp.float32)
-            q = cp.zeros(layout["q"], cp.float32)
-            _check(lib, lib.mergecomp_powersgd_gather_q_gpu(group.struct, q.data.ptr, None),
+            m = B.zeros(layout["compensated"], np.float32)
+            p = B.zeros(layout["p"], np.float32)
+            q = B.zeros(layout["q"], np.float32)
+            _check(lib, lib.mergecomp_powersgd_gather_q_gpu(group.struct, B.ptr(q), None),
                    "gather Q")
-            _check(lib, lib.mergecomp_powersgd_compensate_gpu(group.struct, m.data.ptr,
-                                                              p.data.ptr, None), "compensate")
-            _check(lib, lib.mergecomp_grouped_matmul_gpu(group.matrices("p"), m.data.ptr, 0,
-                                                         q.data.ptr, p.data.ptr, None), "P = M Q")
-            cp.cuda.runtime.deviceSynchronize()
-            np.testing.assert_array_equal(m.get(), g["%s__compensated%d" % (case, w)],
+            _check(lib, lib.mergecomp_powersgd_compensate_gpu(group.struct, B.ptr(m),
+                                                              B.ptr(p), None), "compensate")
+            _check(lib, lib.mergecomp_grouped_matmul_gpu(group.matrices("p"), B.ptr(m), 0,
+                                                         B.ptr(q), B.ptr(p), None), "P = M Q")
+            B.synchronize()
+            np.testing.assert_array_equal(B.get(m), g["%s__compensated%d" % (case, w)],
                                           err_msg=what)
             expected_p = g["%s__p%d" % (case, w)]
-            np.testing.assert_array_equal(p.get()[raw], expected_p[raw], err_msg=what)
-            _assert_close(p.get(), expected_p, what + ": P")
+            np.testing.assert_array_equal(B.get(p)[raw], expected_p[raw], err_msg=what)
+            _assert_close(B.get(p), expected_p, what + ": P")
 
-            p_orthonormal = cp.asarray(g[case + "__p_mean"])
+            p_orthonormal = B.asarray(g[case + "__p_mean"])
             _check(lib, lib.mergecomp_powersgd_orthonormalize_gpu(
-                group.struct, p_orthonormal.data.ptr, None), "orthonormalize")
+                group.struct, B.ptr(p_orthonormal), None), "orthonormalize")
             expected_orthonormal = g["%s__p_orthonormal%d" % (case, w)]
-            _assert_close(p_orthonormal.get(), expected_orthonormal, what + ": Gram-Schmidt")
+            _assert_close(B.get(p_orthonormal), expected_orthonormal, what + ": Gram-Schmidt")
 
-            golden_m = cp.asarray(g["%s__compensated%d" % (case, w)])
-            golden_orthonormal = cp.asarray(expected_orthonormal)
-            q_local = cp.zeros(layout["q"], cp.float32)
+            golden_m = B.asarray(g["%s__compensated%d" % (case, w)])
+            golden_orthonormal = B.asarray(expected_orthonormal)
+            q_local = B.zeros(layout["q"], np.float32)
             _check(lib, lib.mergecomp_grouped_matmul_gpu(
-                group.matrices("q_local"), golden_m.data.ptr, 1, golden_orthonormal.data.ptr,
-                q_local.data.ptr, None), "Qlocal = M^T P")
-            cp.cuda.runtime.deviceSynchronize()
-            _assert_close(q_local.get(), g["%s__q_local%d" % (case, w)], what + ": Qlocal")
+                group.matrices("q_local"), B.ptr(golden_m), 1, B.ptr(golden_orthonormal),
+                B.ptr(q_local), None), "Qlocal = M^T P")
+            B.synchronize()
+            _assert_close(B.get(q_local), g["%s__q_local%d" % (case, w)], what + ": Qlocal")
 
-            nonfinite = cp.full(len(shapes), -1, cp.int32)
-            golden_q_local = cp.asarray(g["%s__q_local%d" % (case, w)])
-            q_mean = cp.asarray(g[case + "__q_mean"])
+            nonfinite = B.full(len(shapes), -1, np.int32)
+            golden_q_local = B.asarray(g["%s__q_local%d" % (case, w)])
+            q_mean = B.asarray(g[case + "__q_mean"])
             _check(lib, lib.mergecomp_powersgd_finish_gpu(
-                group.struct, golden_orthonormal.data.ptr, golden_q_local.data.ptr,
-                q_mean.data.ptr, golden_m.data.ptr, nonfinite.data.ptr, None), "finish")
-            cp.cuda.runtime.deviceSynchronize()
-            np.testing.assert_array_equal(nonfinite.get(), g["%s__nonfinite%d" % (case, w)],
+                group.struct, B.ptr(golden_orthonormal), B.ptr(golden_q_local),
+                B.ptr(q_mean), B.ptr(golden_m), B.ptr(nonfinite), None), "finish")
+            B.synchronize()
+            np.testing.assert_array_equal(B.get(nonfinite), g["%s__nonfinite%d" % (case, w)],
                                           err_msg=what)
-            out = np.concatenate([o.get().astype(np.float32) for o in outputs])
+            out = np.concatenate([B.get(o).astype(np.float32) for o in outputs])
             _assert_close(out, g["%s__output%d" % (case, w)], what + ": outputs",
                           rtol=1e-3 if dtype == "float16" else 2e-5)
-            _assert_close(np.concatenate([s.get() for s in state]),
+            _assert_close(np.concatenate([B.get(s) for s in state]),
                           g["%s__state_after%d" % (case, w)], what + ": state")

@@ -26,7 +26,8 @@ void* AllocateFilled(std::size_t bytes, std::size_t alignment) {
 BlockContext::BlockContext(Grid& grid, int64_t block)
     : grid_(grid),
       block_(block),
-      finished_(grid.threads, 0),
+      remaining_(grid.threads),
+      left_(new std::atomic<bool>[grid.threads]()),
       warps_(new std::atomic<WarpContext*>[(grid.threads + 31) / 32]()) {}
 
 BlockContext::~BlockContext() {
@@ -37,23 +38,19 @@ BlockContext::~BlockContext() {
   for (int w = 0; w < (grid_.threads + 31) / 32; ++w) delete warps_[w].load();
 }
 
-void BlockContext::MarkFinished(int thread) {
-  if (finished_[thread]) return;
-  finished_[thread] = 1;
-  ++finished_count_;
+void BlockContext::Complete() {
+  last_or_ = vote_or_.exchange(0, std::memory_order_relaxed);
+  last_and_ = vote_and_.exchange(1, std::memory_order_relaxed);
+  last_count_ = vote_count_.exchange(0, std::memory_order_relaxed);
+  remaining_.store(arrived_.exchange(0, std::memory_order_relaxed), std::memory_order_relaxed);
+  generation_.fetch_add(1, std::memory_order_release);
+  WakeAll(generation_);
 }
 
-void BlockContext::CompleteIfAllArrived() {
-  if (arrived_ == 0 || arrived_ + finished_count_ < grid_.threads) return;
-  last_or_ = vote_or_;
-  last_and_ = vote_and_;
-  last_count_ = vote_count_;
-  vote_or_ = 0;
-  vote_and_ = 1;
-  vote_count_ = 0;
-  arrived_ = 0;
-  generation_.store(generation_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
-  WakeAll(generation_);
+void BlockContext::CountDown() {
+  // acq_rel: the last one acquires every arrival's work (and votes) before
+  // releasing them all through generation_.
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) Complete();
 }
 
 int BlockContext::Result(Vote vote) const {
@@ -67,42 +64,47 @@ int BlockContext::Result(Vote vote) const {
 
 int BlockContext::Barrier(int thread, Vote vote, int predicate) {
   (void)thread;
-  std::unique_lock<std::mutex> lock(mutex_);
-  const uint32_t generation = generation_.load(std::memory_order_relaxed);
-  ++arrived_;
-  vote_or_ |= predicate != 0;
-  vote_and_ &= predicate != 0;
-  vote_count_ += predicate != 0;
-  CompleteIfAllArrived();
-  if (generation_.load(std::memory_order_relaxed) != generation) return Result(vote);
-  lock.unlock();
+  // The generation cannot move before this thread counts down.
+  const uint32_t generation = generation_.load(std::memory_order_acquire);
+  if (vote != Vote::kNone) {
+    vote_or_.fetch_or(predicate != 0, std::memory_order_relaxed);
+    vote_and_.fetch_and(predicate != 0, std::memory_order_relaxed);
+    vote_count_.fetch_add(predicate != 0, std::memory_order_relaxed);
+  }
+  arrived_.fetch_add(1, std::memory_order_relaxed);
+  CountDown();
   if (grid_.spin) {
     for (int i = 0; i < kSpinIterations; ++i) {
       if (generation_.load(std::memory_order_acquire) != generation) return Result(vote);
+#if defined(__x86_64__)
       __builtin_ia32_pause();
+#endif
     }
   }
   WaitWhileEquals(generation_, generation);
   return Result(vote);
 }
 
+bool BlockContext::Account(int thread) {
+  // seq_cst, paired with Warp()'s publication of a warp context.
+  return !left_[thread].exchange(true, std::memory_order_seq_cst);
+}
+
 void BlockContext::ThreadFinished(int thread) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  MarkFinished(thread);
-  CompleteIfAllArrived();
-  if (WarpContext* warp = warps_[thread / 32].load(std::memory_order_acquire)) {
+  if (!Account(thread)) return;
+  if (WarpContext* warp = warps_[thread / 32].load(std::memory_order_seq_cst)) {
     warp->LaneFinished(thread % 32);
   }
+  CountDown();
 }
 
 void BlockContext::CountThreadsAlreadyFinished() {
-  std::lock_guard<std::mutex> lock(mutex_);
   for (int t = 0; t < grid_.threads; ++t) {
     // seq_cst, paired with the finishing thread's store of its progress and
-    // load of the context (grid.cc): a thread is seen by one or both.
-    if (grid_.progress[t].load(std::memory_order_seq_cst) > block_) MarkFinished(t);
+    // load of the context (grid.cc): a thread is seen by one or both, and
+    // Account() counts it once.
+    if (grid_.progress[t].load(std::memory_order_seq_cst) > block_ && Account(t)) CountDown();
   }
-  CompleteIfAllArrived();
 }
 
 void* BlockContext::Shared(const void* key, std::size_t bytes, std::size_t alignment) {
@@ -135,17 +137,17 @@ void* BlockContext::DynamicShared() {
 
 WarpContext& BlockContext::Warp(int warp) {
   if (WarpContext* existing = warps_[warp].load(std::memory_order_acquire)) return *existing;
-  std::lock_guard<std::mutex> lock(mutex_);
-  WarpContext* context = warps_[warp].load(std::memory_order_relaxed);
-  if (context == nullptr) {
-    const int first = warp * 32;
-    const int lanes = grid_.threads - first < 32 ? grid_.threads - first : 32;
-    unsigned int finished = 0;
-    for (int lane = 0; lane < lanes; ++lane) {
-      if (finished_[first + lane]) finished |= 1u << lane;
-    }
-    context = new WarpContext(lanes, finished);
-    warps_[warp].store(context, std::memory_order_release);
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (WarpContext* existing = warps_[warp].load(std::memory_order_acquire)) return *existing;
+  const int first = warp * 32;
+  const int lanes = grid_.threads - first < 32 ? grid_.threads - first : 32;
+  WarpContext* context = new WarpContext(lanes, 0);
+  warps_[warp].store(context, std::memory_order_seq_cst);
+  lock.unlock();
+  // Lanes already gone; a lane leaving now sees the context or is seen here
+  // (seq_cst with Account), and a second LaneFinished is harmless.
+  for (int lane = 0; lane < lanes; ++lane) {
+    if (left_[first + lane].load(std::memory_order_seq_cst)) context->LaneFinished(lane);
   }
   return *context;
 }

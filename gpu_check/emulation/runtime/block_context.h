@@ -43,22 +43,28 @@ class BlockContext {
     void* storage;
   };
 
-  void MarkFinished(int thread);      // under mutex_
-  void CompleteIfAllArrived();        // under mutex_
+  // One of the threads the current barrier waits for has arrived or left the
+  // block; the last one completes the barrier.
+  void CountDown();
+  void Complete();
+  // Marks `thread` as gone from the block (once); false if it already was.
+  bool Account(int thread);
   int Result(Vote vote) const;
 
   Grid& grid_;
   const int64_t block_;
-  std::mutex mutex_;
-  std::vector<char> finished_;  // per thread, counted in finished_count_
-  int finished_count_ = 0;
-  // The barrier: arrivals and votes of the current generation, the votes of
-  // the last completed one (read by its waiters once generation_ moves on).
-  int arrived_ = 0;
-  int vote_or_ = 0, vote_and_ = 1, vote_count_ = 0;
-  int last_or_ = 0, last_and_ = 1, last_count_ = 0;
+  // The barrier, lock-free: remaining_ counts the threads the current
+  // generation still waits for (those in the block that have neither arrived
+  // nor left); the last to count down sets the next generation's count to the
+  // number that arrived, publishes the votes and moves generation_ on.
+  std::atomic<int> remaining_;
+  std::atomic<int> arrived_{0};
+  std::atomic<int> vote_or_{0}, vote_and_{1}, vote_count_{0};
+  int last_or_ = 0, last_and_ = 1, last_count_ = 0;  // of the last completed generation
   std::atomic<uint32_t> generation_{0};
+  std::unique_ptr<std::atomic<bool>[]> left_;  // per thread: gone from the block, counted
 
+  std::mutex mutex_;  // creation of shared storage and warps
   SharedEntry shared_[kMaxSharedDeclarations];
   std::atomic<int> shared_count_{0};  // entries [0, count) are published
   std::size_t shared_bytes_ = 0;
