@@ -70,12 +70,13 @@ def runtime_sources():
     return sorted((EMULATION / "runtime").glob("*.cc"))
 
 
-def _inputs():
-    """Every file the library depends on."""
-    files = set(OPS.rglob("*.h")) | set(OPS.rglob("*.cc"))
-    files |= set(EMULATION.rglob("*.h")) | set(EMULATION.rglob("*.cc"))
-    files |= {EMULATION / "exports.map", EMULATION / "rewrite.py", Path(__file__).resolve()}
-    return files
+def _emulation_files():
+    files = set(EMULATION.rglob("*.h")) | set(EMULATION.rglob("*.cc"))
+    return files | {EMULATION / "exports.map", EMULATION / "rewrite.py", Path(__file__).resolve()}
+
+
+def _tree_files(root):
+    return set(root.rglob("*.h")) | set(root.rglob("*.cc")) if root is not None else set()
 
 
 def _newest(paths):
@@ -97,22 +98,28 @@ def _write_if_changed(path, text):
     os.replace(partial, path)
 
 
-def rewrite_tree(source_root):
-    """Writes the rewritten sources under source_root; returns the rewritten
-    translation units (one per kernel source)."""
-    wanted = {}
-    for path in sorted(set(OPS.rglob("*.h")) | set(OPS.rglob("*.cc"))):
+def rewrite_tree(sources, include_root, destination):
+    """Writes the rewritten sources under `destination`: every source, and
+    every header under include_root (at its relative path) that holds a
+    launch or a __shared__ declaration. Returns the rewritten sources."""
+    wanted, units = {}, []
+    for path in sorted(_tree_files(include_root)):
         text = path.read_text()
-        if path.name.endswith("_gpu.cu.cc") or rewrite.needs_rewrite(text):
-            relative = path.relative_to(OPS)
-            wanted[source_root / relative] = rewrite.rewrite(text, str(relative), path)
-    for path, text in wanted.items():
-        _write_if_changed(path, text)
-    if source_root.exists():  # a header that no longer needs rewriting must not shadow the original
-        for path in source_root.rglob("*"):
+        if rewrite.needs_rewrite(text):
+            wanted[destination / path.relative_to(include_root)] = (path, text)
+    for path in sources:
+        inside = include_root is not None and include_root in path.parents
+        target = destination / (path.relative_to(include_root) if inside else path.name)
+        wanted[target] = (path, path.read_text())
+        units.append(target)
+    for target, (path, text) in wanted.items():
+        relative = path.relative_to(ROOT) if ROOT in path.parents else path
+        _write_if_changed(target, rewrite.rewrite(text, str(relative), path))
+    if destination.exists():  # a header that no longer needs rewriting must not shadow the original
+        for path in destination.rglob("*"):
             if path.is_file() and path not in wanted:
                 path.unlink()
-    return [source_root / p.relative_to(OPS) for p in kernel_sources()]
+    return units
 
 
 def _compile(command):
@@ -121,12 +128,24 @@ def _compile(command):
 
 
 def build(out=None, sanitize=None, force=False, jobs=None, cxx=None, verbose=False):
-    """Builds the emulated library at `out` (default: build/gpu_check_emulated/,
-    one library per sanitizer) unless it is newer than everything it is built
-    from; returns its path. sanitize: None, "undefined" or "thread"."""
+    """Builds the emulated launchers library at `out` (default:
+    build/gpu_check_emulated/, one library per sanitizer) unless it is newer
+    than everything it is built from; returns its path. sanitize: None,
+    "undefined" or "thread"."""
+    out = Path(out) if out is not None else default_library(sanitize)
+    return build_sources(kernel_sources(), out, include_root=OPS, sanitize=sanitize, force=force,
+                         jobs=jobs, cxx=cxx, verbose=verbose)
+
+
+def build_sources(sources, out, include_root=None, sanitize=None, force=False, jobs=None,
+                  cxx=None, verbose=False):
+    """Builds CUDA `sources` (with the headers under include_root, which is
+    also on the include path) against the emulation into the shared library
+    `out`, exporting the symbols exports.map names; returns `out`."""
     if sanitize not in SANITIZER_FLAGS:
         raise ValueError("sanitize must be one of %s" % sorted(map(str, SANITIZER_FLAGS)))
-    out = Path(out) if out is not None else default_library(sanitize)
+    sources = [Path(p).resolve() for p in sources]
+    out = Path(out)
     cxx = cxx or find_cxx()
     if cxx is None:
         raise RuntimeError("g++ not found (set CXX or put it on PATH)")
@@ -134,7 +153,7 @@ def build(out=None, sanitize=None, force=False, jobs=None, cxx=None, verbose=Fal
     flags = COMPILE_FLAGS + SANITIZER_FLAGS[sanitize]
     stamp = json.dumps({"cxx": cxx, "flags": flags}, sort_keys=True)
     library_stamp = work / "library.json"  # the flags the library was linked from
-    inputs = _inputs()
+    inputs = _emulation_files() | _tree_files(include_root) | set(sources)
     if (not force and out.exists() and library_stamp.exists()
             and library_stamp.read_text() == stamp and out.stat().st_mtime >= _newest(inputs)):
         return out
@@ -147,17 +166,19 @@ def build(out=None, sanitize=None, force=False, jobs=None, cxx=None, verbose=Fal
         shutil.rmtree(objects_dir, ignore_errors=True)
     objects_dir.mkdir(parents=True, exist_ok=True)
     objects_stamp.write_text(stamp)
-    units = rewrite_tree(source_root) + runtime_sources()
-    headers = [p for p in inputs if p.suffix == ".h"] + [EMULATION / "rewrite.py",
-                                                         Path(__file__).resolve()]
-    newest_header = _newest(headers)
-    includes = ["-I", str(source_root), "-I", str(OPS), "-I", str(EMULATION)]
+    units = list(zip(rewrite_tree(sources, include_root, source_root), sources))
+    units += [(p, p) for p in runtime_sources()]
+    newest_header = _newest([p for p in inputs if p.suffix == ".h"]
+                            + [EMULATION / "rewrite.py", Path(__file__).resolve()])
+    includes = ["-I", str(source_root)]
+    if include_root is not None:
+        includes += ["-I", str(include_root)]
+    includes += ["-I", str(EMULATION)]
     commands, objects = [], []
-    for unit in units:
+    for unit, original in units:
         tag = hashlib.sha1(str(unit).encode()).hexdigest()[:8]
         obj = objects_dir / ("%s-%s.o" % (unit.name.split(".")[0], tag))
         objects.append(obj)
-        original = OPS / unit.relative_to(source_root) if source_root in unit.parents else unit
         if obj.exists() and obj.stat().st_mtime >= max(original.stat().st_mtime, newest_header):
             continue
         commands.append([cxx] + flags + includes + ["-c", str(unit), "-o", str(obj)])
@@ -167,7 +188,7 @@ def build(out=None, sanitize=None, force=False, jobs=None, cxx=None, verbose=Fal
     if failures:
         for command, _ in failures:  # a half-written object must not count as built
             Path(command[-1]).unlink(missing_ok=True)
-        message = "\n\n".join("%s\n%s" % (" ".join(c[-3:]), r.stderr[-3000:]) for c, r in failures)
+        message = "\n\n".join("%s\n%s" % (c[-3], r.stderr[-3000:]) for c, r in failures)
         raise RuntimeError("the emulated build failed:\n" + message)
     link = [cxx, "-shared", "-pthread"] + SANITIZER_FLAGS[sanitize] + [
         "-Wl,--version-script=" + str(EMULATION / "exports.map"), "-o"]

@@ -86,24 +86,27 @@ int BlockContext::Barrier(int thread, Vote vote, int predicate) {
 }
 
 bool BlockContext::Account(int thread) {
-  // seq_cst, paired with Warp()'s publication of a warp context.
-  return !left_[thread].exchange(true, std::memory_order_seq_cst);
+  // Relaxed: only the exchange's atomicity matters (the thread is counted
+  // once); ordering with Warp() comes from fences.
+  return !left_[thread].exchange(true, std::memory_order_relaxed);
 }
 
 void BlockContext::ThreadFinished(int thread) {
   if (!Account(thread)) return;
-  if (WarpContext* warp = warps_[thread / 32].load(std::memory_order_seq_cst)) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // paired with Warp()'s
+  if (WarpContext* warp = warps_[thread / 32].load(std::memory_order_acquire)) {
     warp->LaneFinished(thread % 32);
   }
   CountDown();
 }
 
 void BlockContext::CountThreadsAlreadyFinished() {
+  // After the context's publication and a fence (Grid::Context), paired with
+  // the finishing threads' store of their progress, fence and load of the
+  // context (grid.cc): a thread is seen here, or sees the context, or both,
+  // and Account() counts it once.
   for (int t = 0; t < grid_.threads; ++t) {
-    // seq_cst, paired with the finishing thread's store of its progress and
-    // load of the context (grid.cc): a thread is seen by one or both, and
-    // Account() counts it once.
-    if (grid_.progress[t].load(std::memory_order_seq_cst) > block_ && Account(t)) CountDown();
+    if (grid_.progress[t].load(std::memory_order_relaxed) > block_ && Account(t)) CountDown();
   }
 }
 
@@ -142,12 +145,14 @@ WarpContext& BlockContext::Warp(int warp) {
   const int first = warp * 32;
   const int lanes = grid_.threads - first < 32 ? grid_.threads - first : 32;
   WarpContext* context = new WarpContext(lanes, 0);
-  warps_[warp].store(context, std::memory_order_seq_cst);
+  warps_[warp].store(context, std::memory_order_release);
   lock.unlock();
-  // Lanes already gone; a lane leaving now sees the context or is seen here
-  // (seq_cst with Account), and a second LaneFinished is harmless.
+  // Lanes already gone: a lane leaving now sees the context or is seen here
+  // (publication, fence, loads; ThreadFinished: exchange, fence, load), and a
+  // second LaneFinished is harmless.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int lane = 0; lane < lanes; ++lane) {
-    if (left_[first + lane].load(std::memory_order_seq_cst)) context->LaneFinished(lane);
+    if (left_[first + lane].load(std::memory_order_relaxed)) context->LaneFinished(lane);
   }
   return *context;
 }

@@ -74,9 +74,13 @@ void RunThread(Grid& grid, int thread) {
     block_index = Unlinear(block, grid.config.grid);
     current_place.block = block;
     grid.body(grid.closure);
-    // seq_cst with the context's creation (BlockContext::CountThreadsAlreadyFinished).
-    grid.progress[thread].store(block + 1, std::memory_order_seq_cst);
-    if (BlockContext* context = grid.contexts[block].load(std::memory_order_seq_cst)) {
+    // Store, fence, load: paired with the context's creation (CAS, fence, loads
+    // of progress in CountThreadsAlreadyFinished), at least one of the two sees
+    // the other. Relaxed plus fences, so that ThreadSanitizer gets no
+    // happens-before from this thread's block to the context's creator.
+    grid.progress[thread].store(block + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (BlockContext* context = grid.contexts[block].load(std::memory_order_acquire)) {
       context->ThreadFinished(thread);
     }
   }
@@ -190,7 +194,9 @@ BlockContext& Grid::Context(int64_t block) {
   BlockContext* existing = contexts[block].load(std::memory_order_acquire);
   if (existing != nullptr) return *existing;
   BlockContext* fresh = new BlockContext(*this, block);
-  if (contexts[block].compare_exchange_strong(existing, fresh, std::memory_order_seq_cst)) {
+  if (contexts[block].compare_exchange_strong(existing, fresh, std::memory_order_acq_rel,
+                                              std::memory_order_acquire)) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // see RunThread
     fresh->CountThreadsAlreadyFinished();
     return *fresh;
   }
