@@ -306,7 +306,8 @@ def _rewrite_shared(text, name):
             if index == 0:
                 var_type = base_type
             else:
-                var_type = base_type.rstrip("*& ") + " " + match.group("pointer").strip()
+                pointer = re.sub(r"\s+", "", match.group("pointer"))
+                var_type = (base_type.rstrip("*& ") + " " + pointer).strip()
             dims = re.sub(r"\s+", "", match.group("dims"))
             variable = match.group("name")
             if extern:
