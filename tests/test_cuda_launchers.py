@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 from gpu_check import array_backends, launchers
+from tests import golden_inputs
 from tests._close import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,14 +189,17 @@ def _check(lib, code, what):
         raise launchers.LauncherError(lib, what, code)
 
 
-def _group_encode(lib, g, case, w):
-    """Runs the encode launcher on worker w's golden inputs and state; returns
-    (row bytes, context, state after (flat) or None)."""
+def _group_encode(lib, g, case, w, inputs=None, state=None):
+    """Runs the encode launcher on worker w's inputs and state (flat; by
+    default the golden's); returns (row bytes, context, state after (flat) or
+    None)."""
     meta = _meta(g, case)
     sizes = [int(n) for n in g[case + "__sizes"]]
-    grads = _split(g["%s__input%d" % (case, w)], sizes)
+    grads = _split(g["%s__input%d" % (case, w)] if inputs is None else inputs, sizes)
     buffers = meta["state_buffers"]
-    state = _split(g["%s__state%d" % (case, w)].copy(), sizes, buffers) if buffers else None
+    if buffers:
+        flat_state = g["%s__state%d" % (case, w)] if state is None else state
+        state = _split(flat_state.copy(), sizes, buffers)
     group = launchers.DeviceGroup(B, sizes, inputs=grads, state=state)
     pair = _codec(meta)
     codec = group.bind(pair)
@@ -229,23 +233,61 @@ def _group_decode(lib, g, case, rows=None):
     return code, np.concatenate([B.get(o) for o in outputs]), B.get(nonfinite)
 
 
+# One group of 9 tensors (0 to 2053 elements) on 3 workers: every codec and memory.
 CASES = ["none", "fp16", "signsgd", "signum", "onebit", "efsignsgd", "efsignsgd_nonfinite", "qsgd",
          "qsgd5_residual", "terngrad", "topk", "topk_nonfinite", "dgc", "randomk",
          "randomk_scaled", "fp16_dgc_memory"]
+# After the first GPU run (top-k's and DGC's decode faulting on 2+ rows, whose
+# rows start unaligned): 2 to 8 workers, odd tensor counts, tensors of 0, 1 and
+# 3 elements, top-k with k = n and with fewer non-zero values than k, DGC with
+# fewer candidates than k (padding slots), the other allgather codecs on
+# several rows (make_group_golden.py's STRESS_CASES).
+STRESS_CASES = ["topk_w2", "topk_w8_nonfinite", "topk_all_w4", "topk_few_nonzero_w3", "dgc_w5",
+                "dgc_w7", "dgc_few_candidates_w6", "dgc_few_candidates_w2", "signsgd_w8",
+                "onebit_w7", "efsignsgd_w4_nonfinite", "qsgd5_w6", "terngrad_w3", "randomk_w2"]
+# A tensor of 2^20 + 1 elements among tensors of 3, 0, 1 and 3: inputs
+# regenerated from a seed (tests/golden_inputs.py), SHA-256 digests compared.
+DIGEST_CASES = ["topk_big_w2"]
 
 
 def test_golden_covers_every_group_codec(group_golden):
-    assert sorted(CASES) == _cases(group_golden)
+    assert sorted(CASES + STRESS_CASES + DIGEST_CASES) == _cases(group_golden)
     codecs = {_meta(group_golden, c)["codec"] for c in CASES}
     assert codecs == set(launchers.GROUP_CODECS)
 
 
-@pytest.mark.parametrize("case", CASES)
+def test_stress_cases_hold_what_they_are_for(group_golden):
+    """The golden's stress cases do stress: sparse decodes of every worker
+    count from 2 to 8 with rows starting at unaligned offsets, odd tensor
+    counts with tensors of 0, 1 and 3 elements, DGC payloads padded (fewer
+    candidates than k), top-k with k = n and with fewer non-zero values than k."""
+    g = group_golden
+    metas = {case: _meta(g, case) for case in STRESS_CASES + DIGEST_CASES}
+    sparse = [m for m in metas.values() if m["codec"] in ("topk", "dgc")]
+    assert {m["num_rows"] for m in sparse} >= set(range(2, 9))
+    assert all(m["row_bytes"] % 4 != 0 for m in sparse)  # row w > 0 starts unaligned
+    for case, meta in metas.items():
+        sizes = [int(n) for n in g[case + "__sizes"]]
+        assert len(sizes) % 2 == 1 and {0, 1, 3} <= set(sizes), case
+    for case in ("dgc_few_candidates_w6", "dgc_few_candidates_w2"):
+        assert all(p > 0 for p in metas[case]["padding_slots"]), case
+        k = metas[case]["k"]
+        for w in range(metas[case]["world"]):
+            values = g["%s__row%d" % (case, w)][:4 * k].view(np.float32)
+            assert (values == 0).sum() == metas[case]["padding_slots"][w]
+    assert metas["topk_all_w4"]["k"] == sum(int(n) for n in g["topk_all_w4__sizes"])
+    few = metas["topk_few_nonzero_w3"]
+    assert all(np.count_nonzero(g["topk_few_nonzero_w3__input%d" % w]) < few["k"]
+               for w in range(few["world"]))
+    assert max(int(n) for n in g["topk_big_w2__sizes"]) == 2 ** 20 + 1
+
+
+@pytest.mark.parametrize("case", CASES + STRESS_CASES)
 def test_group_encode_matches_cpu_op(lib, group_golden, case):
     g, meta = group_golden, _meta(group_golden, case)
     header = HEADER_BYTES.get(meta["codec"], 0)
     summed = meta["codec"] in SUMMED_HEADERS
-    for w in range(WORLD):
+    for w in range(meta["world"]):
         row, context, state = _group_encode(lib, g, case, w)
         expected = g["%s__row%d" % (case, w)]
         assert row.shape == expected.shape
@@ -268,12 +310,47 @@ def test_group_encode_matches_cpu_op(lib, group_golden, case):
             np.testing.assert_array_equal(state, expected_state)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + STRESS_CASES)
 def test_group_decode_matches_cpu_op(lib, group_golden, case):
     code, output, nonfinite = _group_decode(lib, group_golden, case)
     assert code == 0, lib.mergecomp_group_error_string(code)
     np.testing.assert_array_equal(nonfinite, group_golden[case + "__nonfinite"])
     np.testing.assert_array_equal(output, group_golden[case + "__output"])
+
+
+@pytest.mark.parametrize("case", DIGEST_CASES)
+def test_large_tensor_matches_cpu_op_digests(lib, group_golden, case):
+    """A group holding a tensor of 2^20 + 1 elements (grids of 4097 blocks,
+    257 selection chunks): every worker's encode of the regenerated inputs
+    gives the CPU op's row, context and state, and the decode of all rows its
+    outputs and flags (SHA-256 digests of the bytes)."""
+    g, meta = group_golden, _meta(group_golden, case)
+    sizes = [int(n) for n in g[case + "__sizes"]]
+    buffers = meta["state_buffers"]
+    rows = []
+    for w in range(meta["world"]):
+        what = "%s worker %d" % (case, w)
+        inputs = np.concatenate(golden_inputs.worker_gradients(w, sizes))
+        assert golden_inputs.digest(inputs) == str(g["%s__input_sha256%d" % (case, w)]), (
+            what + ": the regenerated inputs are not the golden's")
+        state = None
+        if buffers:
+            state = np.concatenate(golden_inputs.worker_state(w, sizes, buffers))
+            assert golden_inputs.digest(state) == str(g["%s__state_sha256%d" % (case, w)]), what
+        row, context, after = _group_encode(lib, g, case, w, inputs=inputs, state=state)
+        assert row.size == meta["row_bytes"], what
+        np.testing.assert_array_equal(context, g["%s__context%d" % (case, w)], err_msg=what)
+        assert golden_inputs.digest(row) == str(g["%s__row_sha256%d" % (case, w)]), what + ": row"
+        if buffers:
+            assert golden_inputs.digest(after) == str(
+                g["%s__state_after_sha256%d" % (case, w)]), what + ": state"
+        rows.append(row)
+    rows = np.concatenate(rows) if meta["num_rows"] > 1 else rows[0]
+    assert golden_inputs.digest(rows) == str(g[case + "__rows_sha256"])
+    code, output, nonfinite = _group_decode(lib, g, case, rows)
+    assert code == 0, lib.mergecomp_group_error_string(code)
+    np.testing.assert_array_equal(nonfinite, g[case + "__nonfinite"])
+    assert golden_inputs.digest(output) == str(g[case + "__output_sha256"]), case + ": outputs"
 
 
 def test_nonfinite_tensor_leaves_state_and_is_marked(lib, group_golden):
