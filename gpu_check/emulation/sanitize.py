@@ -7,8 +7,10 @@ For each sanitizer: builds the launchers with it (build.py: UBSan with
 backend in a fresh Python with the sanitizer's runtime preloaded (LD_PRELOAD of
 g++'s libubsan / libtsan; ThreadSanitizer under ``setarch -R``, since it needs
 its fixed memory layout). UBSan stops the process at its first report: the
-test that was running is recorded with the report, left out, and the rest run
-again, until a run gets through. ThreadSanitizer reports and carries on. What
+test that was running is recorded with the report and the tests not yet run
+are run again in a fresh process, until a run gets through.
+ThreadSanitizer reports and carries on; it reports each source location once
+per process, under the first test that reached it. What
 each found is printed per test, with the reports' first lines; the full logs
 stay in build/gpu_check_emulated/sanitize/. Exit status 1 when a sanitizer
 reported anything or a test failed.
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 
 from gpu_check.emulation import build
-from gpu_check.emulation.pytest_progress import PROGRESS
+from gpu_check.emulation.pytest_progress import FAILED, FINISHED, PROGRESS
 
 ROOT = build.ROOT
 LOGS = build.BUILD / "sanitize"
@@ -78,16 +80,20 @@ def python_executable():
 
 def _split_by_test(log):
     """[(test node id or None, text)] of a log written with -s and the
-    progress plugin."""
+    progress plugin (pytest_progress.py)."""
     sections, current, lines = [], None, []
     for line in log.splitlines(keepends=True):
         if line.startswith(PROGRESS):
             sections.append((current, "".join(lines)))
             current, lines = line[len(PROGRESS):].strip(), []
-        else:
+        elif not line.startswith((FINISHED, FAILED)):
             lines.append(line)
     sections.append((current, "".join(lines)))
     return sections
+
+
+def _marked(log, marker):
+    return [line[len(marker):].strip() for line in log.splitlines() if line.startswith(marker)]
 
 
 _UBSAN_REPORT = re.compile(r"^(\S+:\d+:\d+: runtime error: .*)$", re.M)
@@ -117,7 +123,7 @@ def findings(log):
 
 def run_tests(sanitize, pytest_args=(), log_dir=LOGS):
     """Runs the launcher tests under `sanitize`; returns (findings, failed
-    tests, runs, seconds)."""
+    tests, tests run, runs, seconds)."""
     started = time.time()
     build.build(sanitize=sanitize, verbose=True)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -126,42 +132,44 @@ def run_tests(sanitize, pytest_args=(), log_dir=LOGS):
     env.update({"MERGECOMP_LAUNCHER_BACKEND": "emulated",
                 "MERGECOMP_EMULATION_SANITIZE": sanitize})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    found, failed, deselected = [], [], []
+    found, failed, done = [], [], []
     for run in range(1, MAX_RUNS + 1):
         log_path = log_dir / ("%s-%d.log" % (sanitize, run))
         command = command_prefix(sanitize) + [
             python_executable(), "-m", "pytest", TESTS, "-q", "-s", "-p", "no:cacheprovider",
-            "-p", "gpu_check.emulation.pytest_progress", "-rf"] + [
-            "--deselect=" + test for test in deselected] + list(pytest_args)
+            "-p", "gpu_check.emulation.pytest_progress"] + [
+            "--deselect=" + test for test in done] + list(pytest_args)
         with open(log_path, "w") as log_file:
             result = subprocess.run(command, cwd=ROOT, env=env, stdout=log_file,
                                     stderr=subprocess.STDOUT)
         log = log_path.read_text(errors="replace")
         new = findings(log)
         found += new
-        failed += re.findall(r"^FAILED (\S+)", log, re.M)
-        sections = _split_by_test(log)
-        last_test = sections[-1][0]
+        failed += _marked(log, FAILED)
+        finished = _marked(log, FINISHED)
+        started_tests = _marked(log, PROGRESS)
         crashed = result.returncode < 0 or not re.search(r"\d+ (passed|failed|skipped)", log)
-        print("%s run %d: exit status %d, %d report(s), log %s" % (
-            NAMES[sanitize], run, result.returncode, len(new),
-            log_path.relative_to(ROOT) if ROOT in log_path.parents else log_path))
+        print("%s run %d: exit status %d, %d test(s) run, %d report(s), log %s" % (
+            NAMES[sanitize], run, result.returncode, len(finished), len(new),
+            log_path.relative_to(ROOT) if ROOT in log_path.parents else log_path), flush=True)
+        done += finished
         if not crashed:
             break
-        if last_test is None or last_test in deselected:
-            found.append((last_test, "the test process died without a sanitizer report "
-                                     "(exit status %d)" % result.returncode))
+        unfinished = [t for t in started_tests if t not in finished]
+        if not unfinished:
+            found.append((None, "the test process died outside a test (exit status %d)"
+                          % result.returncode))
             break
         if not new:
-            found.append((last_test, "the test process died (exit status %d)"
+            found.append((unfinished[-1], "the test process died (exit status %d)"
                           % result.returncode))
-        deselected.append(last_test)
-    return found, failed, run, time.time() - started
+        done.append(unfinished[-1])  # not run again
+    return found, failed, len(done), run, time.time() - started
 
 
-def summarize(sanitize, found, failed, runs, seconds):
-    lines = ["%s: %d report(s), %d failed test(s), %d run(s), %.0f s" % (
-        NAMES[sanitize], len(found), len(failed), runs, seconds)]
+def summarize(sanitize, found, failed, tests, runs, seconds):
+    lines = ["%s: %d report(s), %d failed test(s); %d tests in %d run(s), %.0f s" % (
+        NAMES[sanitize], len(found), len(failed), tests, runs, seconds)]
     seen = set()
     for test, report in found:
         key = (test, report)
@@ -184,8 +192,8 @@ def main(argv=None):
         return 2
     status, summaries = 0, []
     for sanitize in names or ["undefined", "thread"]:
-        found, failed, runs, seconds = run_tests(sanitize, pytest_args)
-        summaries.append(summarize(sanitize, found, failed, runs, seconds))
+        found, failed, tests, runs, seconds = run_tests(sanitize, pytest_args)
+        summaries.append(summarize(sanitize, found, failed, tests, runs, seconds))
         status |= bool(found or failed)
     print("\n".join(summaries))
     return status
