@@ -58,7 +58,9 @@ __global__ void VotesKernel(const int* predicates, int* results) {
     results[4 * blockIdx.x + 2] = count;
   }
   __syncthreads();
-  if (seen[0] != any || seen[1] != all || seen[2] != count) atomicAdd(&results[4 * blockIdx.x + 3], 1);
+  if (seen[0] != any || seen[1] != all || seen[2] != count) {
+    atomicAdd(&results[4 * blockIdx.x + 3], 1);
+  }
 }
 
 // Threads from `live` on leave at once; the others still meet at barriers.

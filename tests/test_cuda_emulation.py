@@ -311,6 +311,14 @@ def test_runtime_api(lib):
 # ---- the sanitizer builds ------------------------------------------------------------------
 
 
+def _skip_without(sanitize):
+    from gpu_check.emulation import sanitize as sanitizing
+
+    reason = sanitizing.unavailable(sanitize)
+    if reason:
+        pytest.skip(reason)
+
+
 def _run_sanitized(sanitize, call):
     """Runs `call` (Python using `lib`) against the sanitized self-test
     library in a fresh interpreter with the sanitizer's runtime preloaded."""
@@ -331,6 +339,7 @@ def _run_sanitized(sanitize, call):
 
 
 def test_ubsan_build_stops_at_a_misaligned_load():
+    _skip_without("undefined")
     result = _run_sanitized("undefined", """\
         data = np.zeros(16, np.uint8)
         out = np.zeros(1, np.float32)
@@ -344,6 +353,7 @@ def test_ubsan_build_stops_at_a_misaligned_load():
 
 
 def test_thread_sanitizer_sees_a_race_between_cuda_threads_and_none_in_correct_kernels():
+    _skip_without("thread")
     result = _run_sanitized("thread", """\
         counter = np.zeros(1, np.int32)
         lib.cuda_emulation_test_race.argtypes = [P, INT]

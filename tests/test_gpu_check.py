@@ -84,7 +84,8 @@ def test_emulation_targets_need_no_venv_and_stay_out_of_make_test():
     assert result.returncode == 0, result.stderr
     commands = result.stdout
     assert "MERGECOMP_LAUNCHER_BACKEND=emulated" in commands
-    assert "tests/test_cuda_launchers.py" in commands and "tests/test_cuda_emulation.py" in commands
+    assert "tests/test_cuda_launchers.py" in commands
+    assert "tests/test_cuda_emulation.py" in commands
     assert "python3 -m gpu_check.emulation.sanitize" in commands
     assert ".venv" not in commands and "pip" not in commands
     test = subprocess.run(["make", "-n", "test", "VENV=/nonexistent"], cwd=ROOT,

@@ -123,7 +123,16 @@ def rewrite_tree(sources, include_root, destination):
 
 
 def _compile(command):
-    result = subprocess.run(command, capture_output=True, text=True, env=tool_environment())
+    """Runs a compile whose last argument is the object: written under another
+    name and renamed, so that a concurrent build never links half an object."""
+    obj = command[-1]
+    partial = "%s.%d.partial" % (obj, os.getpid())
+    result = subprocess.run(command[:-1] + [partial], capture_output=True, text=True,
+                            env=tool_environment())
+    if result.returncode == 0:
+        os.replace(partial, obj)
+    else:
+        Path(partial).unlink(missing_ok=True)
     return command, result
 
 
@@ -186,8 +195,6 @@ def build_sources(sources, out, include_root=None, sanitize=None, force=False, j
         results = list(pool.map(_compile, commands))
     failures = [(c, r) for c, r in results if r.returncode != 0]
     if failures:
-        for command, _ in failures:  # a half-written object must not count as built
-            Path(command[-1]).unlink(missing_ok=True)
         message = "\n\n".join("%s\n%s" % (c[-3], r.stderr[-3000:]) for c, r in failures)
         raise RuntimeError("the emulated build failed:\n" + message)
     link = [cxx, "-shared", "-pthread"] + SANITIZER_FLAGS[sanitize] + [

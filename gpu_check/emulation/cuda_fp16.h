@@ -25,9 +25,9 @@ inline unsigned short FloatToHalfBits(float value) {
   // Drop `shift` low bits of the significand: 13 for a normal half (its
   // exponent rebiased), more for a denormal (exponent < 113, i.e. < 2^-14).
   const int shift = exponent >= 113 ? 13 : 126 - exponent;
-  uint32_t half = exponent >= 113
-                      ? (static_cast<uint32_t>(exponent - 112) << 10) | ((significand >> 13) & 0x3ffu)
-                      : significand >> shift;
+  uint32_t half = exponent >= 113 ? (static_cast<uint32_t>(exponent - 112) << 10) |
+                                        ((significand >> 13) & 0x3ffu)
+                                  : significand >> shift;
   const uint32_t rest = significand & ((1u << shift) - 1u);
   const uint32_t halfway = 1u << (shift - 1);
   if (rest > halfway || (rest == halfway && (half & 1u))) ++half;  // may carry into the exponent

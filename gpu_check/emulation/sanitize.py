@@ -50,6 +50,15 @@ def runtime_library(sanitize):
     return os.path.realpath(path)
 
 
+def unavailable(sanitize):
+    """Why the `sanitize` build cannot run here, or None."""
+    try:
+        runtime_library(sanitize)
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as error:
+        return str(error)
+    return None
+
+
 def environment(sanitize):
     """Environment variables for a Python process that loads the `sanitize`
     build of an emulated library."""

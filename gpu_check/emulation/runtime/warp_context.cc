@@ -40,7 +40,8 @@ uint64_t WarpContext::Exchange(int lane, unsigned int mask, WarpOp op, uint64_t 
   const unsigned int present = arrived_ & mask_;
   uint64_t result = 0;
   if (op == WarpOp::kShuffle) {
-    const bool source_present = source_lane >= 0 && source_lane < 32 && (present >> source_lane) & 1u;
+    const bool source_present =
+        source_lane >= 0 && source_lane < 32 && ((present >> source_lane) & 1u);
     result = source_present ? values_[source_lane] : value;
   } else if (op == WarpOp::kBallot) {
     uint64_t ballot = 0;
