@@ -136,6 +136,8 @@ def run_tests(sanitize, pytest_args=(), log_dir=LOGS):
     started = time.time()
     build.build(sanitize=sanitize, verbose=True)
     log_dir.mkdir(parents=True, exist_ok=True)
+    for old in log_dir.glob("%s-*.log" % sanitize):  # an earlier run's logs
+        old.unlink()
     env = dict(os.environ)
     env.update(environment(sanitize))
     env.update({"MERGECOMP_LAUNCHER_BACKEND": "emulated",
