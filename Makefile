@@ -15,6 +15,14 @@
 #                     no venv): builds the CUDA launchers, checks them against the
 #                     CPU ops' golden outputs and benchmarks the group codecs
 #                     (docs/gpu.md); OUT=dir keeps the results
+#   make gpu-emulate  here, no GPU, no venv (GPU_PYTHON with numpy and pytest): the same
+#                     launcher checks on the CUDA emulation (gpu_check/emulation: the .cu.cc
+#                     sources built by g++, kernels run on the CPU, one host thread per CUDA
+#                     thread) and the emulation's self-test; `make test` runs them too
+#   make gpu-emulate-sanitize   the emulated launcher checks under UBSan (alignment
+#                     included) and then ThreadSanitizer, each finding printed with its
+#                     test and source line (docs/gpu.md, "The CUDA emulation"); minutes,
+#                     not part of `make test` or CI; fails while a sanitizer reports
 #
 # Another TensorFlow release (docs/stack.md): add TF_VERSION=2.16 ... 2.21 (a minor
 # release, or a full version such as 2.18.0) to any target. It gets its own venv,
@@ -77,7 +85,8 @@ HOROVOD_PATCH ?= $(if $(shell [ "$(word 1,$(TF_MAJOR_MINOR_WORDS))" = 2 ] && [ "
 HOROVOD_PATCH_TAG := $(if $(HOROVOD_PATCH),-patch-$(shell sha256sum < $(HOROVOD_PATCH) | cut -c1-12))
 HOROVOD_WHEELS ?= $(HOME)/.cache/tf_mergecomp/horovod-$(HOROVOD_VERSION)-$(subst ==,-,$(TF_PACKAGE))$(HOROVOD_PATCH_TAG)
 
-.PHONY: setup build train test test-quick bench clean gpu-check gpu-build horovod-test
+.PHONY: setup build train test test-quick bench clean gpu-check gpu-build horovod-test \
+	gpu-emulate gpu-emulate-sanitize
 
 setup: $(VENV)/.stamp-project
 
@@ -164,6 +173,15 @@ gpu-check:
 		$(if $(OUT),--junitxml=$(OUT)/gpu_check_tests.xml) || status=$$?; \
 	$(GPU_PYTHON) -m gpu_check.bench $(if $(OUT),--out $(OUT)) || status=$$?; \
 	exit $$status
+
+# The CUDA emulation (gpu_check/emulation, docs/gpu.md): g++ and GPU_PYTHON's numpy and
+# pytest, no GPU, no venv.
+gpu-emulate:
+	MERGECOMP_LAUNCHER_BACKEND=emulated nice $(GPU_PYTHON) -m pytest tests/test_cuda_launchers.py \
+		tests/test_cuda_emulation.py -q -p no:cacheprovider
+
+gpu-emulate-sanitize:
+	nice $(GPU_PYTHON) -m gpu_check.emulation.sanitize
 
 # The CUDA wheel of the default TensorFlow and the CUDA 12 it was built with
 # (12.2: headers, crt, libcudart.so.12), all from PyPI, never the machine's own

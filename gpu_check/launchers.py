@@ -2,12 +2,19 @@
 shared library with one nvcc invocation and binds their ``extern "C"`` entry
 points with ctypes.
 
+``build_emulated`` builds the same launchers with g++ against the CUDA
+emulation (gpu_check/emulation: kernels run on the host, one host thread per
+CUDA thread), optionally with UBSan or ThreadSanitizer: the same symbols, for
+machines without a GPU or nvcc.
+
 Nothing here imports CuPy or TensorFlow at module level: building, the symbol
 list and the argument structs work on a machine with nvcc and no GPU.
-``DeviceGroup`` (CuPy) lays a list of tensors out as the group launchers'
-device tables.
+``DeviceGroup`` and ``DevicePowersgdGroup`` lay tensors out as the launchers'
+device tables, on either backend of gpu_check/array_backends.py (CuPy arrays,
+or numpy arrays as the emulation's device memory).
 
     python3 gpu_check/launchers.py [--out build/gpu_check/libmergecomp_gpu.so]
+    python3 gpu_check/launchers.py --emulated [--sanitize undefined|thread]
 """
 
 import argparse
@@ -69,6 +76,23 @@ def find_nvcc():
     return None
 
 
+def find_cxx():
+    """g++ for the emulated build ($CXX or PATH), else None."""
+    from gpu_check.emulation import build as emulated
+
+    return emulated.find_cxx()
+
+
+def build_emulated(out=None, sanitize=None, force=False):
+    """Builds the launchers with g++ against the CUDA emulation (default:
+    build/gpu_check_emulated/libmergecomp_gpu_emulated[_ubsan|_tsan].so) unless
+    the library is newer than every source; returns its path. sanitize: None,
+    "undefined" (UBSan with alignment checks) or "thread" (ThreadSanitizer)."""
+    from gpu_check.emulation import build as emulated
+
+    return emulated.build(out, sanitize=sanitize, force=force)
+
+
 def build_command(nvcc, out, arch=None, optimize="-O3"):
     command = [nvcc, "-std=c++17", "-shared", "-Xcompiler", "-fPIC", optimize, "-o", str(out),
                "-I" + str(OPS)]
@@ -116,8 +140,9 @@ def build(out=DEFAULT_LIBRARY, nvcc=None, arch=None, optimize="-O3", force=False
 
 def exported_symbols(library):
     """The dynamic symbols `library` defines (nm -D)."""
+    environment = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # no sanitizer
     listing = subprocess.run(["nm", "-D", "--defined-only", str(library)], capture_output=True,
-                             text=True, check=True).stdout
+                             text=True, check=True, env=environment).stdout
     return {line.split()[-1] for line in listing.splitlines() if line.strip()}
 
 
@@ -183,15 +208,18 @@ def powersgd_layout(shapes, rank):
 
 
 class DevicePowersgdGroup:
-    """powersgd_layout(shapes, rank) as MergecompPowersgdGpuGroup tables
-    (CuPy). gradients / outputs: lists of CuPy arrays (any of CAST_KINDS'
-    dtypes) or None; state: CuPy float32 arrays or None."""
+    """powersgd_layout(shapes, rank) as MergecompPowersgdGpuGroup tables.
+    backend: an array backend (gpu_check/array_backends.py) or CuPy's module;
+    gradients / outputs: lists of its arrays (any of CAST_KINDS' dtypes) or
+    None; state: its float32 arrays or None."""
 
-    def __init__(self, cp, shapes, rank, residual, gradients=None, outputs=None, state=None,
+    def __init__(self, backend, shapes, rank, residual, gradients=None, outputs=None, state=None,
                  dtypes=None):
         import numpy as np
 
-        self.cp = cp
+        from gpu_check.array_backends import as_backend
+
+        self.backend = backend = as_backend(backend)
         self.layout = layout = powersgd_layout(shapes, rank)
         tensors = layout["tensors"]
         n = len(tensors)
@@ -207,13 +235,13 @@ class DevicePowersgdGroup:
         self._keep = {}
 
         def table(key, values, dtype=np.int64):
-            self._keep[key] = cp.asarray(np.asarray(values, dtype))
-            return self._keep[key].data.ptr
+            self._keep[key] = backend.asarray(np.asarray(values, dtype))
+            return backend.ptr(self._keep[key])
 
         def pointers(key, arrays):
             if arrays is None:
                 return None
-            return table(key, [a.data.ptr for a in arrays], np.uint64)
+            return table(key, [backend.ptr(a) for a in arrays], np.uint64)
 
         self.struct = PowersgdGpuGroup(
             num_tensors=n, residual=int(bool(residual)),
@@ -240,14 +268,14 @@ class DevicePowersgdGroup:
                   "k": [t["cols"] if p else t["rows"] for t in low],
                   "r": [t["rank"] for t in low], "a_offsets": [t["m_offset"] for t in low],
                   "b_offsets": [t["q_offset"] if p else t["p_offset"] for t in low]}
-        tables = {name: self.cp.asarray(np.asarray(v + [0], np.int64))
+        tables = {name: self.backend.asarray(np.asarray(v + [0], np.int64))
                   for name, v in values.items()}
-        tables["c_offsets"] = self.cp.asarray(np.asarray(c_offsets, np.int64))
+        tables["c_offsets"] = self.backend.asarray(np.asarray(c_offsets, np.int64))
         host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
         self._keep["matrices_" + product] = (tables, host)
         return GpuMatrices(count=len(low),
                            host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
-                           **{name: t.data.ptr for name, t in tables.items()})
+                           **{name: self.backend.ptr(t) for name, t in tables.items()})
 
 
 def load(path=DEFAULT_LIBRARY):
@@ -302,20 +330,23 @@ def make_codec(name, memory="none", decay=0.0, gradient_scale=1.0, marker_bytes=
 
 
 class DeviceGroup:
-    """A group of float32 CuPy tensors as MergecompGpuGroup tables.
+    """A group of float32 tensors as MergecompGpuGroup tables.
 
-    sizes: element counts; inputs/outputs/state: lists of CuPy float32 arrays
+    backend: an array backend (gpu_check/array_backends.py) or CuPy's module;
+    sizes: element counts; inputs/outputs/state: lists of its float32 arrays
     (state may be None for memory none).
     """
 
-    def __init__(self, cp, sizes, inputs=None, outputs=None, state=None):
+    def __init__(self, backend, sizes, inputs=None, outputs=None, state=None):
         import numpy as np
 
-        self.cp = cp
+        from gpu_check.array_backends import as_backend
+
+        self.backend = as_backend(backend)
         self.sizes = [int(s) for s in sizes]
         self.host_offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self._host_offsets_c = (ctypes.c_int64 * len(self.host_offsets))(*self.host_offsets)
-        self.offsets = cp.asarray(self.host_offsets)
+        self.offsets = self.backend.asarray(self.host_offsets)
         self.inputs = inputs
         self.outputs = outputs
         self.state = state
@@ -323,36 +354,47 @@ class DeviceGroup:
         self.struct = GpuGroup(
             num_tensors=len(self.sizes),
             host_offsets=ctypes.cast(self._host_offsets_c, ctypes.POINTER(ctypes.c_int64)),
-            offsets=self.offsets.data.ptr,
+            offsets=self.backend.ptr(self.offsets),
             inputs=self._table("inputs", inputs), outputs=self._table("outputs", outputs),
             state=self._table("state", state))
 
     def _table(self, key, arrays):
+        import numpy as np
+
         if arrays is None:
             return None
         # Empty tensors still get a valid pointer (never dereferenced).
-        pointers = [a.data.ptr for a in arrays]
-        table = self.cp.asarray(self.cp.array(pointers, dtype=self.cp.uint64))
+        pointers = [self.backend.ptr(a) for a in arrays]
+        table = self.backend.asarray(np.array(pointers, dtype=np.uint64))
         self._tables[key] = table
-        return table.data.ptr
+        return self.backend.ptr(table)
 
     def bind(self, codec_pair):
         """Uploads random-k's tensor_k and sets codec.tensor_k; returns the codec."""
+        import numpy as np
+
         codec, host_k = codec_pair
         if host_k is not None:
-            self._tables["tensor_k"] = self.cp.asarray(
-                [host_k[i] for i in range(len(self.sizes))], dtype=self.cp.int64)
-            codec.tensor_k = self._tables["tensor_k"].data.ptr
+            self._tables["tensor_k"] = self.backend.asarray(
+                np.array([host_k[i] for i in range(len(self.sizes))], dtype=np.int64))
+            codec.tensor_k = self.backend.ptr(self._tables["tensor_k"])
         return codec
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(DEFAULT_LIBRARY))
+    parser.add_argument("--out", default=None)
     parser.add_argument("--arch", default=None, help="nvcc -arch (default: native on a GPU host)")
     parser.add_argument("--force", action="store_true")
+    parser.add_argument("--emulated", action="store_true",
+                        help="g++ against the CUDA emulation instead of nvcc")
+    parser.add_argument("--sanitize", choices=["undefined", "thread"], default=None,
+                        help="with --emulated: the UBSan or ThreadSanitizer build")
     args = parser.parse_args(argv)
-    path = build(args.out, arch=args.arch, force=args.force)
+    if args.emulated:
+        path = build_emulated(args.out, sanitize=args.sanitize, force=args.force)
+    else:
+        path = build(args.out or DEFAULT_LIBRARY, arch=args.arch, force=args.force)
     missing = sorted(set(EXPECTED_SYMBOLS) - exported_symbols(path))
     if missing:
         print("missing launchers: " + ", ".join(missing), file=sys.stderr)

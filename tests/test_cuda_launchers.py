@@ -1,12 +1,28 @@
-"""The CUDA launchers reproduce the CPU ops (needs nvcc, a GPU and CuPy).
+"""The CUDA launchers reproduce the CPU ops, on a GPU or on the CUDA emulation.
 
-The kernels are built straight from custom_ops/ with nvcc into a plain shared
-library (gpu_check/launchers.py) and called through their ``extern "C"``
-launchers with CuPy arrays, so this runs on a GPU host without TensorFlow.
+The kernels are built straight from custom_ops/ into a plain shared library
+and called through their ``extern "C"`` launchers, without TensorFlow, on one
+of two backends (gpu_check/array_backends.py; $MERGECOMP_LAUNCHER_BACKEND
+picks one, else the first available):
+
+- "cuda": nvcc's build (gpu_check/launchers.py) with CuPy arrays on a GPU;
+- "emulated": g++'s build against the CUDA emulation (gpu_check/emulation:
+  the kernels run on the host, one host thread per CUDA thread, with real
+  block barriers) with numpy arrays as device memory. It shows what the
+  kernels compute, not how fast, and not faults that x86 forgives (a
+  misaligned load): ``make gpu-emulate-sanitize`` runs this file under UBSan
+  and ThreadSanitizer for those.
+
+Every test asserts the same on both backends, at the same sizes (the
+emulation runs them all in about 45 s on 2 cores, the 2^20 + 1-element case
+about 20 s of it).
+
 Expected bytes come from the CPU ops: tests/data/dense_golden.npz (the
 single-buffer codecs, make_dense_golden.py) and tests/data/group_golden.npz
-(the group ops over 9 tensors of sizes 0..2053 on 3 workers, every group codec
-and memory, non-finite tensors; make_group_golden.py).
+(make_group_golden.py: the group ops over 9 tensors of sizes 0..2053 on 3
+workers, every group codec and memory, non-finite tensors; stress cases of 2
+to 8 workers, odd tensor counts and sparse corner cases; a group with a tensor
+of 2^20 + 1 elements compared through SHA-256 digests).
 
 Exact everywhere (payload, codec context, state, decoded outputs and
 non-finite flags), with one documented tolerance: the float64 sums behind the
@@ -25,10 +41,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-
-from gpu_check import launchers  # noqa: E402  (after the CuPy skip)
-from tests._close import assert_close  # noqa: E402
+from gpu_check import array_backends, launchers
+from tests import golden_inputs
+from tests._close import assert_close
 
 ROOT = Path(__file__).resolve().parent.parent
 N = 5003
@@ -37,24 +52,28 @@ HEADER_BYTES = {"onebit": 8, "efsignsgd": 4, "qsgd": 4, "terngrad": 4}
 SUMMED_HEADERS = ("onebit", "efsignsgd", "qsgd")
 
 
-def _has_gpu():
-    try:
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # CuPy without a driver raises its own runtime errors
-        return False
+# The backend every test runs on: B.asarray / empty / zeros / full (device
+# arrays), B.get (to numpy), B.ptr (device pointer), B.synchronize.
+B = array_backends.select()
 
-
-pytestmark = [
-    pytest.mark.skipif(launchers.find_nvcc() is None, reason="nvcc not found"),
-    pytest.mark.skipif(not _has_gpu(), reason="no CUDA device"),
-]
+pytestmark = pytest.mark.skipif(B is None, reason=array_backends.unavailable_reason())
 
 P, I64 = ctypes.c_void_p, ctypes.c_int64
+EMULATED = B is not None and B.name == "emulated"
 
 
 @pytest.fixture(scope="module")
 def lib():
-    return launchers.load(launchers.build())
+    return launchers.load(B.library())
+
+
+def test_library_exports_every_launcher(lib):
+    """The library of this backend (nvcc's, or g++'s against the emulation)
+    exports exactly the launchers the checks bind."""
+    exported = launchers.exported_symbols(lib._name)
+    assert sorted(set(launchers.EXPECTED_SYMBOLS) - exported) == []
+    assert sorted(s for s in exported if s.startswith("mergecomp_")) == sorted(
+        launchers.EXPECTED_SYMBOLS)
 
 
 @pytest.fixture(scope="module")
@@ -75,24 +94,24 @@ def inputs():
 
 
 def _call(fn, *args):
-    converted = [a.data.ptr if isinstance(a, cp.ndarray) else a for a in args]
+    converted = [B.ptr(a) if B.is_array(a) else a for a in args]
     fn.restype = ctypes.c_int
-    fn.argtypes = [P if isinstance(a, cp.ndarray) or a is None else I64 for a in args]
+    fn.argtypes = [P if B.is_array(a) or a is None else I64 for a in args]
     assert fn(*converted) == 0
-    cp.cuda.runtime.deviceSynchronize()
+    B.synchronize()
 
 
 def _encode(lib, key, x, seed):
-    scratch = cp.empty(lib.mergecomp_dense_scratch_bytes(), cp.uint8)
+    scratch = B.empty(lib.mergecomp_dense_scratch_bytes(), np.uint8)
     payload = None
     if key == "fp16":
-        payload = cp.empty(N, cp.uint16)
+        payload = B.empty(N, np.uint16)
         _call(lib.mergecomp_fp16_encode_gpu, x, N, payload, None)
-        return payload.get().view(np.float16)
+        return B.get(payload).view(np.float16)
     sizes = {"signsgd": (N + 7) // 8, "onebit": 8 + (N + 7) // 8,
              "efsignsgd": 4 + (N + 7) // 8, "qsgd64": 4 + N, "qsgd5": 4 + (N * 4 + 7) // 8,
              "terngrad": 4 + (N + 3) // 4}
-    payload = cp.empty(sizes[key], cp.uint8)
+    payload = B.empty(sizes[key], np.uint8)
     if key == "signsgd":
         _call(lib.mergecomp_signsgd_encode_gpu, x, N, payload, None)
     elif key in ("onebit", "efsignsgd"):
@@ -101,17 +120,17 @@ def _encode(lib, key, x, seed):
         _call(lib.mergecomp_qsgd_encode_gpu, x, N, seed, int(key[4:]), payload, scratch, None)
     else:
         _call(lib.mergecomp_terngrad_encode_gpu, x, N, seed, payload, scratch, None)
-    return payload.get()
+    return B.get(payload)
 
 
 def _decode(lib, key, rows):
-    out = cp.empty(N, cp.float32)
-    batch = cp.asarray(np.concatenate(rows))
+    out = B.empty(N, np.float32)
+    batch = B.asarray(np.concatenate(rows))
     if key.startswith("qsgd"):
         _call(lib.mergecomp_qsgd_decode_gpu, batch, len(rows), N, int(key[4:]), out, None)
     else:
         _call(getattr(lib, "mergecomp_%s_decode_gpu" % key), batch, len(rows), N, out, None)
-    return out.get()
+    return B.get(out)
 
 
 @pytest.mark.parametrize("key", ["fp16", "signsgd", "terngrad", "onebit", "efsignsgd",
@@ -119,7 +138,7 @@ def _decode(lib, key, rows):
 def test_gpu_encode_matches_cpu_op(lib, golden, key):
     header = {"onebit": 8, "efsignsgd": 4, "qsgd64": 4, "qsgd5": 4}.get(key, 0)
     for w, x in enumerate(inputs()):
-        got = _encode(lib, key, cp.asarray(x), w + 11)
+        got = _encode(lib, key, B.asarray(x), w + 11)
         expected = golden["%s_payload%d" % (key, w)]
         if header == 0:
             np.testing.assert_array_equal(got, expected)
@@ -138,9 +157,9 @@ def test_gpu_decode_matches_cpu_op(lib, golden, key):
 
 def test_gpu_fp16_decode_is_exact(lib):
     values = np.random.default_rng(5).standard_normal(N).astype(np.float16)
-    out = cp.empty(N, cp.float32)
-    _call(lib.mergecomp_fp16_decode_gpu, cp.asarray(values.view(np.uint16)), N, out, None)
-    np.testing.assert_array_equal(out.get(), values.astype(np.float32))
+    out = B.empty(N, np.float32)
+    _call(lib.mergecomp_fp16_decode_gpu, B.asarray(values.view(np.uint16)), N, out, None)
+    np.testing.assert_array_equal(B.get(out), values.astype(np.float32))
 
 
 # ---- group launchers -----------------------------------------------------------------
@@ -157,7 +176,7 @@ def _meta(group_golden, case):
 def _split(flat, sizes, buffers=1):
     parts, start = [], 0
     for n in sizes:
-        parts.append(cp.asarray(flat[start:start + buffers * n]))
+        parts.append(B.asarray(flat[start:start + buffers * n]))
         start += buffers * n
     return parts
 
@@ -175,64 +194,105 @@ def _check(lib, code, what):
         raise launchers.LauncherError(lib, what, code)
 
 
-def _group_encode(lib, g, case, w):
-    """Runs the encode launcher on worker w's golden inputs and state; returns
-    (row bytes, context, state after (flat) or None)."""
+def _group_encode(lib, g, case, w, inputs=None, state=None):
+    """Runs the encode launcher on worker w's inputs and state (flat; by
+    default the golden's); returns (row bytes, context, state after (flat) or
+    None)."""
     meta = _meta(g, case)
     sizes = [int(n) for n in g[case + "__sizes"]]
-    grads = _split(g["%s__input%d" % (case, w)], sizes)
+    grads = _split(g["%s__input%d" % (case, w)] if inputs is None else inputs, sizes)
     buffers = meta["state_buffers"]
-    state = _split(g["%s__state%d" % (case, w)].copy(), sizes, buffers) if buffers else None
-    group = launchers.DeviceGroup(cp, sizes, inputs=grads, state=state)
+    if buffers:
+        flat_state = g["%s__state%d" % (case, w)] if state is None else state
+        state = _split(flat_state.copy(), sizes, buffers)
+    group = launchers.DeviceGroup(B, sizes, inputs=grads, state=state)
     pair = _codec(meta)
     codec = group.bind(pair)
-    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
-    context = cp.zeros(max(1, lib.mergecomp_group_context_size(codec, group.struct)), cp.int32)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
+    row = B.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), np.uint8)
+    context = B.zeros(max(1, lib.mergecomp_group_context_size(codec, group.struct)), np.int32)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
     seed = int(g["%s__seed%d" % (case, w)])
-    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, seed, row.data.ptr,
-                                               context.data.ptr, workspace.data.ptr, None),
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, seed, B.ptr(row),
+                                               B.ptr(context), B.ptr(workspace), None),
            "group encode " + case)
-    cp.cuda.runtime.deviceSynchronize()
-    after = np.concatenate([s.get() for s in state]) if state else None
+    B.synchronize()
+    after = np.concatenate([B.get(s) for s in state]) if state else None
     size = lib.mergecomp_group_context_size(codec, group.struct)
-    return row.get(), context.get()[:size], after
+    return B.get(row), B.get(context)[:size], after
 
 
 def _group_decode(lib, g, case, rows=None):
     meta = _meta(g, case)
     sizes = [int(n) for n in g[case + "__sizes"]]
-    outputs = [cp.full(n, 7.0, cp.float32) for n in sizes]  # garbage to overwrite
-    group = launchers.DeviceGroup(cp, sizes, outputs=outputs)
+    outputs = [B.full(n, 7.0, np.float32) for n in sizes]  # garbage to overwrite
+    group = launchers.DeviceGroup(B, sizes, outputs=outputs)
     codec = group.bind(_codec(meta))
-    rows = cp.asarray(g[case + "__rows"] if rows is None else rows)
-    context = cp.asarray(np.concatenate([g[case + "__context0"], np.zeros(1, np.int32)]))
-    nonfinite = cp.full(len(sizes), -1, cp.int32)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
-    code = lib.mergecomp_group_decode_gpu(codec, group.struct, rows.data.ptr, meta["num_rows"],
-                                          context.data.ptr, nonfinite.data.ptr,
-                                          workspace.data.ptr, None)
-    cp.cuda.runtime.deviceSynchronize()
-    return code, np.concatenate([o.get() for o in outputs]), nonfinite.get()
+    rows = B.asarray(g[case + "__rows"] if rows is None else rows)
+    context = B.asarray(np.concatenate([g[case + "__context0"], np.zeros(1, np.int32)]))
+    nonfinite = B.full(len(sizes), -1, np.int32)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
+    code = lib.mergecomp_group_decode_gpu(codec, group.struct, B.ptr(rows), meta["num_rows"],
+                                          B.ptr(context), B.ptr(nonfinite), B.ptr(workspace),
+                                          None)
+    B.synchronize()
+    return code, np.concatenate([B.get(o) for o in outputs]), B.get(nonfinite)
 
 
+# One group of 9 tensors (0 to 2053 elements) on 3 workers: every codec and memory.
 CASES = ["none", "fp16", "signsgd", "signum", "onebit", "efsignsgd", "efsignsgd_nonfinite", "qsgd",
          "qsgd5_residual", "terngrad", "topk", "topk_nonfinite", "dgc", "randomk",
          "randomk_scaled", "fp16_dgc_memory"]
+# After the first GPU run (top-k's and DGC's decode faulting on 2+ rows, whose
+# rows start unaligned): 2 to 8 workers, odd tensor counts, tensors of 0, 1 and
+# 3 elements, top-k with k = n and with fewer non-zero values than k, DGC with
+# fewer candidates than k (padding slots), the other allgather codecs on
+# several rows (make_group_golden.py's STRESS_CASES).
+STRESS_CASES = ["topk_w2", "topk_w8_nonfinite", "topk_all_w4", "topk_few_nonzero_w3", "dgc_w5",
+                "dgc_w7", "dgc_few_candidates_w6", "dgc_few_candidates_w2", "signsgd_w8",
+                "onebit_w7", "efsignsgd_w4_nonfinite", "qsgd5_w6", "terngrad_w3", "randomk_w2"]
+# A tensor of 2^20 + 1 elements among tensors of 3, 0, 1 and 3: inputs
+# regenerated from a seed (tests/golden_inputs.py), SHA-256 digests compared.
+DIGEST_CASES = ["topk_big_w2"]
 
 
 def test_golden_covers_every_group_codec(group_golden):
-    assert sorted(CASES) == _cases(group_golden)
+    assert sorted(CASES + STRESS_CASES + DIGEST_CASES) == _cases(group_golden)
     codecs = {_meta(group_golden, c)["codec"] for c in CASES}
     assert codecs == set(launchers.GROUP_CODECS)
 
 
-@pytest.mark.parametrize("case", CASES)
+def test_stress_cases_hold_what_they_are_for(group_golden):
+    """The golden's stress cases do stress: sparse decodes of every worker
+    count from 2 to 8 with rows starting at unaligned offsets, odd tensor
+    counts with tensors of 0, 1 and 3 elements, DGC payloads padded (fewer
+    candidates than k), top-k with k = n and with fewer non-zero values than k."""
+    g = group_golden
+    metas = {case: _meta(g, case) for case in STRESS_CASES + DIGEST_CASES}
+    sparse = [m for m in metas.values() if m["codec"] in ("topk", "dgc")]
+    assert {m["num_rows"] for m in sparse} >= set(range(2, 9))
+    assert all(m["row_bytes"] % 4 != 0 for m in sparse)  # row w > 0 starts unaligned
+    for case, meta in metas.items():
+        sizes = [int(n) for n in g[case + "__sizes"]]
+        assert len(sizes) % 2 == 1 and {0, 1, 3} <= set(sizes), case
+    for case in ("dgc_few_candidates_w6", "dgc_few_candidates_w2"):
+        assert all(p > 0 for p in metas[case]["padding_slots"]), case
+        k = metas[case]["k"]
+        for w in range(metas[case]["world"]):
+            values = g["%s__row%d" % (case, w)][:4 * k].view(np.float32)
+            assert (values == 0).sum() == metas[case]["padding_slots"][w]
+    assert metas["topk_all_w4"]["k"] == sum(int(n) for n in g["topk_all_w4__sizes"])
+    few = metas["topk_few_nonzero_w3"]
+    assert all(np.count_nonzero(g["topk_few_nonzero_w3__input%d" % w]) < few["k"]
+               for w in range(few["world"]))
+    assert max(int(n) for n in g["topk_big_w2__sizes"]) == 2 ** 20 + 1
+
+
+@pytest.mark.parametrize("case", CASES + STRESS_CASES)
 def test_group_encode_matches_cpu_op(lib, group_golden, case):
     g, meta = group_golden, _meta(group_golden, case)
     header = HEADER_BYTES.get(meta["codec"], 0)
     summed = meta["codec"] in SUMMED_HEADERS
-    for w in range(WORLD):
+    for w in range(meta["world"]):
         row, context, state = _group_encode(lib, g, case, w)
         expected = g["%s__row%d" % (case, w)]
         assert row.shape == expected.shape
@@ -255,12 +315,47 @@ def test_group_encode_matches_cpu_op(lib, group_golden, case):
             np.testing.assert_array_equal(state, expected_state)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASES + STRESS_CASES)
 def test_group_decode_matches_cpu_op(lib, group_golden, case):
     code, output, nonfinite = _group_decode(lib, group_golden, case)
     assert code == 0, lib.mergecomp_group_error_string(code)
     np.testing.assert_array_equal(nonfinite, group_golden[case + "__nonfinite"])
     np.testing.assert_array_equal(output, group_golden[case + "__output"])
+
+
+@pytest.mark.parametrize("case", DIGEST_CASES)
+def test_large_tensor_matches_cpu_op_digests(lib, group_golden, case):
+    """A group holding a tensor of 2^20 + 1 elements (grids of 4097 blocks,
+    257 selection chunks): every worker's encode of the regenerated inputs
+    gives the CPU op's row, context and state, and the decode of all rows its
+    outputs and flags (SHA-256 digests of the bytes)."""
+    g, meta = group_golden, _meta(group_golden, case)
+    sizes = [int(n) for n in g[case + "__sizes"]]
+    buffers = meta["state_buffers"]
+    rows = []
+    for w in range(meta["world"]):
+        what = "%s worker %d" % (case, w)
+        inputs = np.concatenate(golden_inputs.worker_gradients(w, sizes))
+        assert golden_inputs.digest(inputs) == str(g["%s__input_sha256%d" % (case, w)]), (
+            what + ": the regenerated inputs are not the golden's")
+        state = None
+        if buffers:
+            state = np.concatenate(golden_inputs.worker_state(w, sizes, buffers))
+            assert golden_inputs.digest(state) == str(g["%s__state_sha256%d" % (case, w)]), what
+        row, context, after = _group_encode(lib, g, case, w, inputs=inputs, state=state)
+        assert row.size == meta["row_bytes"], what
+        np.testing.assert_array_equal(context, g["%s__context%d" % (case, w)], err_msg=what)
+        assert golden_inputs.digest(row) == str(g["%s__row_sha256%d" % (case, w)]), what + ": row"
+        if buffers:
+            assert golden_inputs.digest(after) == str(
+                g["%s__state_after_sha256%d" % (case, w)]), what + ": state"
+        rows.append(row)
+    rows = np.concatenate(rows) if meta["num_rows"] > 1 else rows[0]
+    assert golden_inputs.digest(rows) == str(g[case + "__rows_sha256"])
+    code, output, nonfinite = _group_decode(lib, g, case, rows)
+    assert code == 0, lib.mergecomp_group_error_string(code)
+    np.testing.assert_array_equal(nonfinite, g[case + "__nonfinite"])
+    assert golden_inputs.digest(output) == str(g[case + "__output_sha256"]), case + ": outputs"
 
 
 def test_nonfinite_tensor_leaves_state_and_is_marked(lib, group_golden):
@@ -287,7 +382,7 @@ def test_bad_sparse_index_is_an_error(lib, group_golden, case):
 
 
 def test_unknown_codec_is_a_bad_argument(lib):
-    group = launchers.DeviceGroup(cp, [4], inputs=[cp.ones(4, cp.float32)])
+    group = launchers.DeviceGroup(B, [4], inputs=[B.full(4, 1.0, np.float32)])
     codec, _ = launchers.make_codec("nosuchcodec")
     assert lib.mergecomp_group_encode_gpu(codec, group.struct, 0, None, None, None, None) == (
         launchers.BAD_ARGUMENT)
@@ -300,16 +395,16 @@ def test_large_group_matches_layer_wise_sign_bits(lib):
     rng = np.random.default_rng(3)
     sizes = [int(n) for n in rng.integers(0, 3000, 2000)]
     flat = rng.standard_normal(sum(sizes)).astype(np.float32)
-    group = launchers.DeviceGroup(cp, sizes, inputs=_split(flat, sizes))
+    group = launchers.DeviceGroup(B, sizes, inputs=_split(flat, sizes))
     codec = group.bind(launchers.make_codec("signsgd"))
-    row = cp.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), cp.uint8)
-    workspace = cp.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), cp.uint8)
-    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, 0, row.data.ptr, None,
-                                               workspace.data.ptr, None), "signsgd encode")
-    single = cp.zeros((flat.size + 7) // 8, cp.uint8)
-    _call(lib.mergecomp_signsgd_encode_gpu, cp.asarray(flat), flat.size, single, None)
-    np.testing.assert_array_equal(row.get()[:single.size], single.get())
-    assert not row.get()[single.size:].any()  # all markers 0
+    row = B.zeros(lib.mergecomp_group_row_bytes(codec, group.struct), np.uint8)
+    workspace = B.zeros(lib.mergecomp_group_workspace_bytes(codec, group.struct), np.uint8)
+    _check(lib, lib.mergecomp_group_encode_gpu(codec, group.struct, 0, B.ptr(row), None,
+                                               B.ptr(workspace), None), "signsgd encode")
+    single = B.zeros((flat.size + 7) // 8, np.uint8)
+    _call(lib.mergecomp_signsgd_encode_gpu, B.asarray(flat), flat.size, single, None)
+    np.testing.assert_array_equal(B.get(row)[:single.size], B.get(single))
+    assert not B.get(row)[single.size:].any()  # all markers 0
 
 
 def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
@@ -319,13 +414,15 @@ def test_single_buffer_sparse_decode_refuses_a_bad_index(lib):
     payload = np.zeros(8 * k, np.uint8)
     payload[:4 * k].view(np.float32)[:] = [1, 2, 3, 4]
     payload[4 * k:].view(np.int32)[:] = [0, 3, 9, 5]
-    out = cp.zeros(n, cp.float32)
+    out = B.zeros(n, np.float32)
     fn = lib.mergecomp_sparse_scatter_mean_gpu
     fn.argtypes, fn.restype = [P, I64, I64, I64, P, P], ctypes.c_int
-    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == 0
-    np.testing.assert_array_equal(out.get()[[0, 3, 9, 5]], [1, 2, 3, 4])
+    device_payload = B.asarray(payload)
+    assert fn(B.ptr(device_payload), 1, k, n, B.ptr(out), None) == 0
+    np.testing.assert_array_equal(B.get(out)[[0, 3, 9, 5]], [1, 2, 3, 4])
     payload[4 * k:].view(np.int32)[2] = n
-    assert fn(cp.asarray(payload).data.ptr, 1, k, n, out.data.ptr, None) == launchers.BAD_INDEX
+    device_payload = B.asarray(payload)
+    assert fn(B.ptr(device_payload), 1, k, n, B.ptr(out), None) == launchers.BAD_INDEX
 
 
 def test_powersgd_products_match_numpy(lib):
@@ -342,20 +439,20 @@ def test_powersgd_products_match_numpy(lib):
         c_offsets = np.concatenate([[0], np.cumsum([mi * ri for mi, ri in zip(m, r)])])
         a_offsets = np.concatenate([[0], np.cumsum([x.size for x in a_list])])[:-1]
         b_offsets = np.concatenate([[0], np.cumsum([x.size for x in b_list])])[:-1]
-        tables = {name: cp.asarray(np.asarray(v, np.int64)) for name, v in [
+        tables = {name: B.asarray(np.asarray(v, np.int64)) for name, v in [
             ("c_offsets", c_offsets), ("m", m), ("k", k), ("r", r), ("a_offsets", a_offsets),
             ("b_offsets", b_offsets)]}
         host = (ctypes.c_int64 * len(c_offsets))(*c_offsets)
         matrices = launchers.GpuMatrices(
             count=len(m), host_c_offsets=ctypes.cast(host, ctypes.POINTER(ctypes.c_int64)),
-            **{name: t.data.ptr for name, t in tables.items()})
-        a = cp.asarray(np.concatenate([x.ravel() for x in a_list]))
-        b = cp.asarray(np.concatenate([x.ravel() for x in b_list]))
-        c = cp.zeros(int(c_offsets[-1]), cp.float32)
-        assert lib.mergecomp_grouped_matmul_gpu(matrices, a.data.ptr, int(transpose), b.data.ptr,
-                                                c.data.ptr, None) == 0
-        cp.cuda.runtime.deviceSynchronize()
-        flat = c.get()
+            **{name: B.ptr(t) for name, t in tables.items()})
+        a = B.asarray(np.concatenate([x.ravel() for x in a_list]))
+        b = B.asarray(np.concatenate([x.ravel() for x in b_list]))
+        c = B.zeros(int(c_offsets[-1]), np.float32)
+        assert lib.mergecomp_grouped_matmul_gpu(matrices, B.ptr(a), int(transpose), B.ptr(b),
+                                                B.ptr(c), None) == 0
+        B.synchronize()
+        flat = B.get(c)
         return [flat[c_offsets[i]:c_offsets[i + 1]].reshape(m[i], r[i]) for i in range(len(m))]
 
     rows = [s[0] for s in shapes]
@@ -409,52 +506,52 @@ def test_powersgd_steps_match_the_cpu_ops(lib, powersgd_golden):
             what = "%s worker %d" % (case, w)
             grads = [x.astype(dtype) for x in _split(g["%s__input%d" % (case, w)], sizes)]
             state = _split(g["%s__state%d" % (case, w)], state_sizes)
-            outputs = [cp.zeros(n, dtype) for n in sizes]
-            group = launchers.DevicePowersgdGroup(cp, shapes, rank, residual, gradients=grads,
+            outputs = [B.zeros(n, dtype) for n in sizes]
+            group = launchers.DevicePowersgdGroup(B, shapes, rank, residual, gradients=grads,
                                                   outputs=outputs, state=state,
                                                   dtypes=[dtype] * len(shapes))
-            m = cp.zeros(layout["compensated"], cp.float32)
-            p = cp.zeros(layout["p"], cp.float32)
-            q = cp.zeros(layout["q"], cp.float32)
-            _check(lib, lib.mergecomp_powersgd_gather_q_gpu(group.struct, q.data.ptr, None),
+            m = B.zeros(layout["compensated"], np.float32)
+            p = B.zeros(layout["p"], np.float32)
+            q = B.zeros(layout["q"], np.float32)
+            _check(lib, lib.mergecomp_powersgd_gather_q_gpu(group.struct, B.ptr(q), None),
                    "gather Q")
-            _check(lib, lib.mergecomp_powersgd_compensate_gpu(group.struct, m.data.ptr,
-                                                              p.data.ptr, None), "compensate")
-            _check(lib, lib.mergecomp_grouped_matmul_gpu(group.matrices("p"), m.data.ptr, 0,
-                                                         q.data.ptr, p.data.ptr, None), "P = M Q")
-            cp.cuda.runtime.deviceSynchronize()
-            np.testing.assert_array_equal(m.get(), g["%s__compensated%d" % (case, w)],
+            _check(lib, lib.mergecomp_powersgd_compensate_gpu(group.struct, B.ptr(m),
+                                                              B.ptr(p), None), "compensate")
+            _check(lib, lib.mergecomp_grouped_matmul_gpu(group.matrices("p"), B.ptr(m), 0,
+                                                         B.ptr(q), B.ptr(p), None), "P = M Q")
+            B.synchronize()
+            np.testing.assert_array_equal(B.get(m), g["%s__compensated%d" % (case, w)],
                                           err_msg=what)
             expected_p = g["%s__p%d" % (case, w)]
-            np.testing.assert_array_equal(p.get()[raw], expected_p[raw], err_msg=what)
-            _assert_close(p.get(), expected_p, what + ": P")
+            np.testing.assert_array_equal(B.get(p)[raw], expected_p[raw], err_msg=what)
+            _assert_close(B.get(p), expected_p, what + ": P")
 
-            p_orthonormal = cp.asarray(g[case + "__p_mean"])
+            p_orthonormal = B.asarray(g[case + "__p_mean"])
             _check(lib, lib.mergecomp_powersgd_orthonormalize_gpu(
-                group.struct, p_orthonormal.data.ptr, None), "orthonormalize")
+                group.struct, B.ptr(p_orthonormal), None), "orthonormalize")
             expected_orthonormal = g["%s__p_orthonormal%d" % (case, w)]
-            _assert_close(p_orthonormal.get(), expected_orthonormal, what + ": Gram-Schmidt")
+            _assert_close(B.get(p_orthonormal), expected_orthonormal, what + ": Gram-Schmidt")
 
-            golden_m = cp.asarray(g["%s__compensated%d" % (case, w)])
-            golden_orthonormal = cp.asarray(expected_orthonormal)
-            q_local = cp.zeros(layout["q"], cp.float32)
+            golden_m = B.asarray(g["%s__compensated%d" % (case, w)])
+            golden_orthonormal = B.asarray(expected_orthonormal)
+            q_local = B.zeros(layout["q"], np.float32)
             _check(lib, lib.mergecomp_grouped_matmul_gpu(
-                group.matrices("q_local"), golden_m.data.ptr, 1, golden_orthonormal.data.ptr,
-                q_local.data.ptr, None), "Qlocal = M^T P")
-            cp.cuda.runtime.deviceSynchronize()
-            _assert_close(q_local.get(), g["%s__q_local%d" % (case, w)], what + ": Qlocal")
+                group.matrices("q_local"), B.ptr(golden_m), 1, B.ptr(golden_orthonormal),
+                B.ptr(q_local), None), "Qlocal = M^T P")
+            B.synchronize()
+            _assert_close(B.get(q_local), g["%s__q_local%d" % (case, w)], what + ": Qlocal")
 
-            nonfinite = cp.full(len(shapes), -1, cp.int32)
-            golden_q_local = cp.asarray(g["%s__q_local%d" % (case, w)])
-            q_mean = cp.asarray(g[case + "__q_mean"])
+            nonfinite = B.full(len(shapes), -1, np.int32)
+            golden_q_local = B.asarray(g["%s__q_local%d" % (case, w)])
+            q_mean = B.asarray(g[case + "__q_mean"])
             _check(lib, lib.mergecomp_powersgd_finish_gpu(
-                group.struct, golden_orthonormal.data.ptr, golden_q_local.data.ptr,
-                q_mean.data.ptr, golden_m.data.ptr, nonfinite.data.ptr, None), "finish")
-            cp.cuda.runtime.deviceSynchronize()
-            np.testing.assert_array_equal(nonfinite.get(), g["%s__nonfinite%d" % (case, w)],
+                group.struct, B.ptr(golden_orthonormal), B.ptr(golden_q_local),
+                B.ptr(q_mean), B.ptr(golden_m), B.ptr(nonfinite), None), "finish")
+            B.synchronize()
+            np.testing.assert_array_equal(B.get(nonfinite), g["%s__nonfinite%d" % (case, w)],
                                           err_msg=what)
-            out = np.concatenate([o.get().astype(np.float32) for o in outputs])
+            out = np.concatenate([B.get(o).astype(np.float32) for o in outputs])
             _assert_close(out, g["%s__output%d" % (case, w)], what + ": outputs",
                           rtol=1e-3 if dtype == "float16" else 2e-5)
-            _assert_close(np.concatenate([s.get() for s in state]),
+            _assert_close(np.concatenate([B.get(s) for s in state]),
                           g["%s__state_after%d" % (case, w)], what + ": state")

@@ -256,6 +256,22 @@ def test_pytorch_powersgd_products_on_the_cpu():
     assert torch.allclose(out[-10:], g[-10:], atol=1e-5)  # rank 2 of a 5 x 2 matrix: exact
 
 
+def test_emulation_targets_need_no_venv_and_stay_out_of_make_test():
+    result = subprocess.run(["make", "-n", "gpu-emulate", "gpu-emulate-sanitize",
+                             "GPU_PYTHON=python3"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    commands = result.stdout
+    assert "MERGECOMP_LAUNCHER_BACKEND=emulated" in commands
+    assert "tests/test_cuda_launchers.py" in commands
+    assert "tests/test_cuda_emulation.py" in commands
+    assert "python3 -m gpu_check.emulation.sanitize" in commands
+    assert ".venv" not in commands and "pip" not in commands
+    test = subprocess.run(["make", "-n", "test", "VENV=/nonexistent"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "sanitize" not in test
+
+
 def _registry_report(gpu_for):
     """A kernel-registry report (gpu_check.tf_build.check's form) where the ops
     in gpu_for have GPU kernels for every declared dtype."""
