@@ -555,3 +555,87 @@ def test_powersgd_steps_match_the_cpu_ops(lib, powersgd_golden):
                           rtol=1e-3 if dtype == "float16" else 2e-5)
             _assert_close(np.concatenate([B.get(s) for s in state]),
                           g["%s__state_after%d" % (case, w)], what + ": state")
+
+
+# ---- the group casts --------------------------------------------------------------------
+
+
+def _bfloat16_bits(values):
+    """float32 -> bfloat16 bits as the CPU kernels' casts round (to nearest even; a NaN
+    becomes the quiet NaN of its sign)."""
+    values = np.asarray(values, np.float32)
+    bits = values.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    rounded[nan] = np.where(np.signbit(values[nan]), 0xffc0, 0x7fc0).astype(np.uint16)
+    return rounded
+
+
+def test_group_casts_convert_every_tensor_in_one_launch(lib):
+    """mergecomp_group_cast_to_float_gpu / ..._from_float_gpu: a group of float16,
+    bfloat16, float64 and float32 tensors (sizes 0, 1, 3 and odd, so vectors straddle
+    tensors) cast to float32 and back as numpy rounds (float32 tensors left alone); a
+    missing table is a bad argument."""
+    rng = np.random.default_rng(11)
+    kinds = [1, 2, 3, 0, 1, 2, 0, 3, 1]
+    sizes = [5, 0, 3, 7, 1, 1029, 4, 2, 513]
+    values = [(rng.standard_normal(n) * 3).astype(np.float32) for n in sizes]
+    values[5][:3] = [np.nan, np.inf, 1e-40]  # NaN, inf and a float32 denormal through bfloat16
+    values[0][:2] = [65520.0, 6e-8]  # float16 overflow and a float16 denormal
+    originals = []
+    for kind, v in zip(kinds, values):
+        if kind == 1:
+            with np.errstate(over="ignore"):  # 65520 rounds to float16 infinity, as intended
+                originals.append(v.astype(np.float16))
+        elif kind == 2:
+            originals.append(_bfloat16_bits(v))
+        elif kind == 3:
+            originals.append(v.astype(np.float64) * (1 + 2.0 ** -40))  # rounds back to v
+        else:
+            originals.append(v)
+    sources = [B.asarray(o) for o in originals]
+    targets = [B.full(n, -7.0, np.float32) for n in sizes]
+    group = launchers.DeviceGroup(B, sizes, inputs=targets, outputs=targets)
+    kinds_table = B.asarray(np.array(kinds, np.int64))
+    source_table = B.asarray(np.array([B.ptr(s) for s in sources], np.uint64))
+    target_table = B.asarray(np.array([B.ptr(t) for t in targets], np.uint64))
+    cast = lib.mergecomp_group_cast_to_float_gpu
+    cast.restype = ctypes.c_int
+    cast.argtypes = [ctypes.c_void_p, P, P, P, P]
+    _check(lib, cast(ctypes.byref(group.struct), B.ptr(kinds_table), B.ptr(source_table),
+                     B.ptr(target_table), None), "cast to float32")
+    B.synchronize()
+    for kind, o, t, v in zip(kinds, originals, targets, values):
+        got = B.get(t)
+        if kind == 0:
+            assert (got == -7.0).all()  # a float32 tensor is not touched
+        elif kind == 2:
+            expected = (o.astype(np.uint32) << 16).view(np.float32)
+            np.testing.assert_array_equal(got.view(np.uint32), expected.view(np.uint32))
+        else:
+            np.testing.assert_array_equal(got, o.astype(np.float32))
+    # Back: float32 values into each tensor's own dtype.
+    back = [B.zeros(n, o.dtype) for n, o in zip(sizes, originals)]
+    floats = [B.asarray(v) for v in values]
+    float_table = B.asarray(np.array([B.ptr(f) for f in floats], np.uint64))
+    back_table = B.asarray(np.array([B.ptr(b) for b in back], np.uint64))
+    uncast = lib.mergecomp_group_cast_from_float_gpu
+    uncast.restype = ctypes.c_int
+    uncast.argtypes = [ctypes.c_void_p, P, P, P, P]
+    _check(lib, uncast(ctypes.byref(group.struct), B.ptr(kinds_table), B.ptr(float_table),
+                       B.ptr(back_table), None), "cast from float32")
+    B.synchronize()
+    for kind, b, v in zip(kinds, back, values):
+        got = B.get(b)
+        if kind == 0:
+            assert not got.any()
+        elif kind == 1:
+            with np.errstate(over="ignore"):
+                expected = v.astype(np.float16)
+            np.testing.assert_array_equal(got.view(np.uint16), expected.view(np.uint16))
+        elif kind == 2:
+            np.testing.assert_array_equal(got, _bfloat16_bits(v))
+        else:
+            np.testing.assert_array_equal(got, v.astype(np.float64))
+    assert cast(ctypes.byref(group.struct), None, B.ptr(source_table), B.ptr(target_table),
+                None) == launchers.BAD_ARGUMENT
