@@ -91,11 +91,11 @@ __device__ __forceinline__ void Store4(float* p, const float v[kVector]) {
 
 // The tile kernels' launch bounds: kThreads threads, and at least
 // MERGECOMP_TILE_MIN_BLOCKS blocks resident per multiprocessor (a cap on
-// registers per thread; 1 leaves them to the compiler). Unroll 2 with 3
-// blocks was the fastest of (unroll, blocks) = (4, 1), (4, 2), (2, 2), (2, 3),
-// (8, 1) on an H200 (docs/gpu.md): occupancy pays more than deeper unrolling.
+// registers per thread; 1 leaves them to the compiler). Unroll 2 with 4
+// blocks (at most 64 registers) was the fastest of the (unroll, blocks) pairs
+// tried on an H200 (docs/gpu.md): occupancy pays more than deeper unrolling.
 #ifndef MERGECOMP_TILE_MIN_BLOCKS
-#define MERGECOMP_TILE_MIN_BLOCKS 3
+#define MERGECOMP_TILE_MIN_BLOCKS 4
 #endif
 #define MERGECOMP_TILE_KERNEL \
   __global__ void __launch_bounds__(::tf_mergecomp::gpu::kThreads, MERGECOMP_TILE_MIN_BLOCKS)
