@@ -694,44 +694,78 @@ MERGECOMP_TILE_KERNEL DenseDecodeKernel(DeviceGroup group, float* const* outputs
         gpu::Load4(reinterpret_cast<const float*>(rows) + q.first, result[u]);
         continue;
       }
+      if (kCodec == kFp16 && q.first + gpu::kVector <= group.total &&
+          (reinterpret_cast<uintptr_t>(rows + 2 * q.first) & 7) == 0) {
+        // Four float16 values in one 8-byte load.
+        const uint2 packed = *reinterpret_cast<const uint2*>(rows + 2 * q.first);
+        const uint32_t halves[2] = {packed.x, packed.y};
+#pragma unroll
+        for (int e = 0; e < gpu::kVector; ++e) {
+          result[u][e] = __half2float(
+              __ushort_as_half(static_cast<unsigned short>(halves[e / 2] >> (16 * (e % 2)))));
+        }
+        continue;
+      }
+#pragma unroll
+      for (int e = 0; e < gpu::kVector; ++e) result[u][e] = 0.0f;
+      if (!q.Valid(group, 0)) continue;  // past the group's end
+      if (kCodec == kNone || kCodec == kFp16) {  // a vector across the end: one by one
+#pragma unroll
+        for (int e = 0; e < gpu::kVector; ++e) {
+          if (!q.Valid(group, e)) continue;
+          result[u][e] = kCodec == kNone
+                             ? reinterpret_cast<const float*>(rows)[q.first + e]
+                             : __half2float(reinterpret_cast<const __half*>(rows)[q.first + e]);
+        }
+        continue;
+      }
+      // Row by row, each row's header and the vector's code bits read once
+      // (a vector's 4 elements share one byte of sign bits or of 2-bit codes,
+      // first being a multiple of 4); each element's sum in row order, as the CPU adds.
+      int votes[gpu::kVector] = {0, 0, 0, 0};
+      float total[gpu::kVector] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int64_t w = 0; w < num_rows; ++w) {
+        const uint8_t* row = rows + w * row_bytes;
+        float v[gpu::kVector];
+        if (kCodec == kSignsgd || kCodec == kOnebit || kCodec == kEfsignsgd) {
+          const int64_t header = kCodec == kOnebit      ? kOnebitHeaderBytes
+                                 : kCodec == kEfsignsgd ? kEfsignsgdHeaderBytes
+                                                        : 0;
+          const uint32_t signs = row[header + (q.first >> 3)] >> (q.first & 7);
+          const float hi = kCodec == kSignsgd ? 1.0f : LoadFloat(row);
+          const float lo = kCodec == kOnebit ? LoadFloat(row + 4) : -hi;
+#pragma unroll
+          for (int e = 0; e < gpu::kVector; ++e) {
+            const bool plus = (signs >> e) & 1u;
+            votes[e] += plus ? 1 : -1;
+            v[e] = plus ? hi : lo;
+          }
+        } else if (kCodec == kQsgd) {
+          const float unit = __fdiv_rn(LoadFloat(row), levels_f);
+#pragma unroll
+          for (int e = 0; e < gpu::kVector; ++e) {
+            v[e] = q.Valid(group, e)
+                       ? __fmul_rn(static_cast<float>(
+                                       gpu::CodeAt(row + kQsgdHeaderBytes, q.first + e, bits) -
+                                       static_cast<int32_t>(levels)),
+                                   unit)
+                       : 0.0f;
+          }
+        } else {  // kTerngrad: the vector's four 2-bit codes are one byte
+          const uint32_t codes = row[kTerngradHeaderBytes + (q.first >> 2)];
+          const float max_abs = LoadFloat(row);
+#pragma unroll
+          for (int e = 0; e < gpu::kVector; ++e) {
+            v[e] = __fmul_rn(max_abs, gpu::TernaryValue((codes >> (2 * e)) & 3u));
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < gpu::kVector; ++e) total[e] = w == 0 ? v[e] : __fadd_rn(total[e], v[e]);
+      }
 #pragma unroll
       for (int e = 0; e < gpu::kVector; ++e) {
-        const int64_t i = q.first + e;
-        result[u][e] = 0.0f;
-        if (!q.Valid(group, e)) continue;
-        if (kCodec == kNone) {
-          result[u][e] = reinterpret_cast<const float*>(rows)[i];
-        } else if (kCodec == kFp16) {
-          result[u][e] = __half2float(reinterpret_cast<const __half*>(rows)[i]);
-        } else if (kCodec == kSignsgd) {
-          int64_t votes = 0;
-          for (int64_t w = 0; w < num_rows; ++w) {
-            votes += gpu::BitAt(rows + w * row_bytes, i) ? 1 : -1;
-          }
-          result[u][e] = votes >= 0 ? 1.0f : -1.0f;
-        } else {
-          float total = 0.0f;
-          for (int64_t w = 0; w < num_rows; ++w) {
-            const uint8_t* row = rows + w * row_bytes;
-            float v;
-            if (kCodec == kOnebit) {
-              v = gpu::BitAt(row + kOnebitHeaderBytes, i) ? LoadFloat(row) : LoadFloat(row + 4);
-            } else if (kCodec == kEfsignsgd) {
-              const float scale = LoadFloat(row);
-              v = gpu::BitAt(row + kEfsignsgdHeaderBytes, i) ? scale : -scale;
-            } else if (kCodec == kQsgd) {
-              const float unit = __fdiv_rn(LoadFloat(row), levels_f);
-              v = __fmul_rn(static_cast<float>(gpu::CodeAt(row + kQsgdHeaderBytes, i, bits) -
-                                               static_cast<int32_t>(levels)),
-                            unit);
-            } else {  // kTerngrad
-              const uint32_t code = (row[kTerngradHeaderBytes + (i >> 2)] >> (2 * (i & 3))) & 3;
-              v = __fmul_rn(LoadFloat(row), gpu::TernaryValue(code));
-            }
-            total = w == 0 ? v : __fadd_rn(total, v);
-          }
-          result[u][e] = __fdiv_rn(total, divisor);
-        }
+        result[u][e] = kCodec == kSignsgd ? (votes[e] >= 0 ? 1.0f : -1.0f)
+                                          : __fdiv_rn(total[e], divisor);
       }
     }
 #pragma unroll
