@@ -259,9 +259,8 @@ __global__ void SelectKernel(Group group, Workspace ws, const float* p, float* v
     for (int b = threadIdx.x; b < gpu_select::kMaxBins; b += kThreads) histogram[b] = 0;
     __syncthreads();
     for (int pass = 0; pass < 3; ++pass) {
-      // gpu_select's digits: 11, 11 and 10 bits from the top.
-      const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-      const int bins = pass == 2 ? 1024 : 2048;
+      const int shift = gpu_select::DigitShift(pass);
+      const int bins = 1 << gpu_select::DigitBits(pass);
       const uint32_t prefix = state.prefix, prefix_mask = state.prefix_mask;
       for (int64_t m = threadIdx.x; m < items; m += kThreads) {
         const uint32_t key = key_of(m);

@@ -290,8 +290,12 @@ __global__ void EmitKernel(int64_t n, KeyFn key, EmitFn emit, const SelectState*
   }
 }
 
-constexpr int kDigitShiftGpu[3] = {21, 10, 0};
-constexpr int kDigitBitsGpu[3] = {11, 11, 10};
+// The radix select's digits, from the top: 11, 11 and 10 bits (the CPU's kDigitShift and
+// kDigitBits in sparse_select.h). Functions, so that device code may call them too.
+__host__ __device__ constexpr int DigitShift(int pass) {
+  return pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+}
+__host__ __device__ constexpr int DigitBits(int pass) { return pass == 2 ? 10 : 11; }
 
 inline int HistogramBlocks(int64_t n) {
   const int64_t blocks = (n + kThreads * 8 - 1) / (kThreads * 8);
@@ -303,10 +307,10 @@ template <typename KeyFn>
 void LaunchSelect(int64_t n, int64_t k, KeyFn key, Workspace ws, cudaStream_t stream) {
   InitStateKernel<<<1, kThreads, 0, stream>>>(ws.state, ws.histogram, k);
   for (int pass = 0; pass < 3; ++pass) {
-    const int bins = 1 << kDigitBitsGpu[pass];
+    const int bins = 1 << DigitBits(pass);
     HistogramKernel<<<HistogramBlocks(n), kThreads, 0, stream>>>(
-        n, key, ws.state, kDigitShiftGpu[pass], bins, ws.histogram);
-    ChooseDigitKernel<<<1, kThreads, 0, stream>>>(ws.state, ws.histogram, kDigitShiftGpu[pass],
+        n, key, ws.state, DigitShift(pass), bins, ws.histogram);
+    ChooseDigitKernel<<<1, kThreads, 0, stream>>>(ws.state, ws.histogram, DigitShift(pass),
                                                   bins);
   }
 }
