@@ -460,44 +460,39 @@ def torch_for_cuda(requested):
     return torch, None
 
 
-def _time_torch(torch, fn, repeats, warmup):
-    """_time's median, min and max ms, with torch.cuda events on torch's
-    current stream (the device synchronised first, so no CuPy work is counted)."""
+def _event_times(fn, repeats, warmup, synchronize, new_event, elapsed_ms):
+    """Median, min and max ms of ``fn`` between two events on the current stream,
+    after ``warmup`` untimed calls and a device synchronisation."""
     import numpy as np
 
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
+    synchronize()
+    start, stop = new_event(), new_event()
     times = []
     for _ in range(repeats):
         start.record()
         fn()
         stop.record()
         stop.synchronize()
-        times.append(start.elapsed_time(stop))
+        times.append(elapsed_ms(start, stop))
     return float(np.median(times)), float(min(times)), float(max(times))
+
+
+def _time_torch(torch, fn, repeats, warmup):
+    """_time with torch.cuda events on torch's current stream (the device
+    synchronised first, so no CuPy work is counted)."""
+    return _event_times(fn, repeats, warmup, torch.cuda.synchronize,
+                        lambda: torch.cuda.Event(enable_timing=True),
+                        lambda start, stop: start.elapsed_time(stop))
 
 
 # ---- the GPU run ------------------------------------------------------------------
 
 
 def _time(cp, fn, repeats, warmup):
-    import numpy as np
-
-    for _ in range(warmup):
-        fn()
-    cp.cuda.runtime.deviceSynchronize()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times)), float(min(times)), float(max(times))
+    return _event_times(fn, repeats, warmup, cp.cuda.runtime.deviceSynchronize, cp.cuda.Event,
+                        cp.cuda.get_elapsed_time)
 
 
 class _Groups:

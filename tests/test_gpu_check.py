@@ -302,3 +302,27 @@ def test_gpu_build_summary_needs_a_gpu_kernel_for_every_group_op():
     assert ("CPU only: MergecompGroupDecode,MergecompPowersgdGroupP,MergecompPowersgdGroupQ,"
             "MergecompPowersgdGroupFinish;") in line
     assert "MergecompPowersgdGroupQ has no GPU kernel for float32" in line
+
+
+def test_event_times_time_only_the_calls_after_warmup():
+    clock = {"now": 0.0, "calls": 0, "synchronized_after": None}
+
+    class Event:
+        def record(self):
+            self.at = clock["now"]
+
+        def synchronize(self):
+            pass
+
+    def call():
+        clock["calls"] += 1
+        clock["now"] += clock["calls"]  # the i-th call takes i ms
+
+    def synchronize():
+        clock["synchronized_after"] = clock["calls"]
+
+    median, least, most = bench._event_times(call, repeats=3, warmup=2, synchronize=synchronize,
+                                             new_event=Event,
+                                             elapsed_ms=lambda start, stop: stop.at - start.at)
+    assert clock["synchronized_after"] == 2 and clock["calls"] == 5
+    assert (median, least, most) == (4.0, 3.0, 5.0)
