@@ -47,7 +47,7 @@ tf_mergecomp/checkpoint.py; elastic jobs: tf_mergecomp/elastic.py).
 
 import tensorflow as tf
 
-from tf_mergecomp import _ops
+from tf_mergecomp import ops as op_library
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
@@ -492,7 +492,7 @@ class MergeComp(tf.Module):
         memory = self.memory if memory is None else memory
         codec_attrs = dict(codec=codec.group_codec,
                            **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
-        ops = _ops.load()
+        ops = op_library.load()
         payload, codec_context = ops.mergecomp_group_encode(
             grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
             memory=memory.name, **memory.op_attrs(), **codec_attrs)
@@ -530,7 +530,7 @@ class MergeComp(tf.Module):
         runs anywhere), so that a step copies no state between device and
         host; on the host when the op library has CPU kernels only."""
         codec = self.compressor
-        if codec.backend != reference.PLAIN_BACKEND and not _ops.build_info().get("cuda"):
+        if codec.backend != reference.PLAIN_BACKEND and not op_library.build_info().get("cuda"):
             return "/device:CPU:0"
         return gradients[0].device or None
 

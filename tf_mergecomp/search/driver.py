@@ -84,7 +84,7 @@ from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
-from tf_mergecomp.search.report import STEPS_ASIDE, SearchReport, describe
+from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
 from tf_mergecomp.search.store import PartitionStore
 
 
@@ -197,6 +197,7 @@ class PartitionSearchDriver:
         self.final_collectives_per_step = None
         self.profile_note = None
         self._phase = "first_step"
+        self._noise = SearchNoise()
         self._plan = None
         self._role = None
         self._started = None
@@ -300,6 +301,7 @@ class PartitionSearchDriver:
         self.restart_blocker = self._why_not_restart()
         self._activate((), fresh=True, restart=False)
         self._phase = "searching"
+        self._noise.install()
         self._role = "first"
         self._plan = self._steps()
         next(self._plan)
@@ -518,6 +520,7 @@ class PartitionSearchDriver:
         self._activate(choice)
         self.train_functions.keep_only(choice)
         self._phase = "done"
+        self._noise.remove()
         self._role = None
         self._switch_back = False
         self.cost["seconds"] = time.perf_counter() - self._started
