@@ -58,6 +58,7 @@ from tf_mergecomp import reference
 from tf_mergecomp import seeds
 from tf_mergecomp.communication import HorovodCommunicator
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
+from tf_mergecomp.state_variables import StateVariables
 
 # Codecs a group may use instead of the user's when ``plain_groups`` is on:
 # ``none`` (a plain float32 allreduce, exact) and ``fp16`` (half the bytes).
@@ -81,7 +82,7 @@ class _Layout:
         }
 
 
-class MergeComp(tf.Module):
+class MergeComp(StateVariables, tf.Module):
     """A compression scheduler usable as Horovod's ``compression=`` argument.
 
     Args:
@@ -523,72 +524,11 @@ class MergeComp(tf.Module):
                 "use one MergeComp per optimizer or tape" % difference
             )
 
-    def _state_device(self, gradients):
-        """Where the compression state is created: with the gradients, where
-        their group ops run (every group op, PowerSGD's included, has GPU
-        kernels in a CUDA build of the op library; the plain-TF reference
-        runs anywhere), so that a step copies no state between device and
-        host; on the host when the op library has CPU kernels only."""
-        codec = self.compressor
-        if codec.backend != reference.PLAIN_BACKEND and not op_library.build_info().get("cuda"):
-            return "/device:CPU:0"
-        return gradients[0].device or None
-
-    def state_variables(self, device="/device:CPU:0"):
-        """One flat float32 variable per gradient tensor (backprop order), holding
-        the memory's buffers back to back, then the codec's own state of the
-        tensor, created on `device` (None: TensorFlow's default device); []
-        when neither keeps anything. Created at the first call after the layout
-        is set; later calls return them wherever they are."""
-        names = self.memory.state_names
-        codec = self.compressor
-        codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
-        if self._state is None and (names or any(codec_sizes)):
-            with tf.init_scope(), tf.device(device):
-                self._state = []
-                for i in range(len(self._layout.shapes)):
-                    self._state.append(tf.Variable(
-                        self._initial_state_value(i), trainable=False,
-                        name="%s_%d" % ("_".join(names) or "codec_state", i)))
-            # A checkpoint restored before the first step has just been
-            # restored into the new variables; a decision taken about it
-            # (reset, or this rank's own saved state) applies now.
-            self.rank_state.on_state_created()
-        return list(self._state or [])
-
-    def _initial_state_value(self, i):
-        shape, size = self._layout.shapes[i], self._layout.sizes[i]
-        initial = [tf.zeros([len(self.memory.state_names) * size], tf.float32)]
-        codec_size = self.compressor.codec_state_size(shape)
-        if codec_size:
-            codec_state = self.compressor.initial_codec_state(shape, i)
-            initial.append(tf.zeros([codec_size], tf.float32) if codec_state is None else codec_state)
-        return tf.concat(initial, 0)
-
-    def existing_state_variables(self):
-        """The state variables once created (a list, [] when nothing keeps
-        state), None before: unlike ``state_variables``, creates nothing."""
-        return None if self._state is None else list(self._state)
-
-    def keeps_state(self):
-        """Whether this MergeComp has per-tensor state at all (nothing to agree on otherwise)."""
-        if self._layout is not None:
-            return bool(self._state)
-        return bool(self.memory.state_names) or self.compressor.keeps_codec_state
-
     def forget_traces(self):
         """After an elastic reset: the next call traces the reduce function afresh
         and checks its description with the (new) other ranks again."""
         self._eager_reduce = None
         self._agreed_description = None
-
-    def reset_state(self):
-        """Sets the compression state (residuals, momenta, PowerSGD's Q) back to
-        its initial value: zeros, and PowerSGD's initial Q. The step is kept."""
-        with tf.init_scope():
-            for i, variable in enumerate(self._state or []):
-                with tf.device(variable.device):
-                    variable.assign(self._initial_state_value(i))
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)

@@ -92,6 +92,7 @@ import numpy as np
 
 from tf_mergecomp.search import step_model
 from tf_mergecomp.search.candidates import best_layouts
+from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
 from tf_mergecomp.grouping import balanced_splits, layerwise_splits
@@ -582,19 +583,6 @@ def _relative_to_reference(measured):
     if reference is None:
         return {}
     return {layout: seconds / reference for layout, seconds in measured.items()}
-
-
-def fill_ready(ready, sizes):
-    """Ready times with the gaps (gradients the profile did not see) filled
-    from their neighbours, made non-decreasing (jitter averaged, not maxed)."""
-    ready = np.asarray(ready, dtype=np.float64)
-    seen = np.isfinite(ready)
-    if not seen.any():
-        return np.zeros(len(ready))
-    if not seen.all():
-        index = np.arange(len(ready))
-        ready = np.interp(index, index[seen], ready[seen])
-    return step_model.monotone_fit(np.maximum(ready, 0.0))
 
 
 def _groups(layout, n):

@@ -69,7 +69,6 @@ rank 0 also draws the search as a PNG (tf_mergecomp/search/report.py); with
 ``log_dir``, it writes TensorBoard scalars of the candidates.
 """
 
-import json
 import os
 import time
 
@@ -85,6 +84,7 @@ from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
+from tf_mergecomp.search import store
 from tf_mergecomp.search.store import PartitionStore
 
 
@@ -537,7 +537,7 @@ class PartitionSearchDriver:
         self.report.choice(self.algorithm, choice, self.compression.num_tensors, self.cost)
         self.report.tensorboard(self.algorithm, self.history, choice)
         if save and self.store is not None:
-            if self.store.save(self._identity(), self._record(choice)):
+            if self.store.save(store.identity(self.compression), store.record(self, choice)):
                 self.report.log("saved the partition to %s" % self.save_path)
         self.plot_path = self.report.plot(self.algorithm, choice, self.save_path)
 
@@ -600,42 +600,7 @@ class PartitionSearchDriver:
         """(saved splits or None, why a search is needed), the same on every rank."""
         if self.store is None:
             return None, None
-        return self.store.load(self._identity(), self.compression.num_tensors)
-
-    def _identity(self):
-        description = dict(self.compression.describe())
-        for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
-            description.pop(chosen, None)
-        return {
-            "model_fingerprint": self.compression.model_fingerprint(),
-            "world_size": communication.world_size(),
-            "compression": json.loads(json.dumps(description)),
-        }
-
-    def _record(self, choice):
-        """What the saved file holds beside the identity."""
-        measured = self.algorithm.measured_seconds()
-        plain = choice == search_requests.PLAIN_HOROVOD
-        codecs = self.codecs_of(choice)
-        return {
-            "partition": [] if plain else list(choice),
-            "num_groups": None if plain else len(choice) + 1,
-            "group_codecs": None if codecs is None else list(codecs),
-            "plain_horovod": plain,
-            "seconds_per_step": measured.get(tuple(choice)),
-            "tensor_sizes": self.compression.tensor_sizes,
-            "cost": dict(self.cost),
-            "settings": {"max_groups": self.max_groups, "rounds": self.rounds,
-                         "finalists": self.finalists,
-                         "steps_per_candidate": self.steps_per_candidate,
-                         "min_turn_seconds": self.min_turn_seconds,
-                         "turn_steps": self.turn_steps,
-                         "warmup_steps": self.warmup_steps,
-                         "profiled_steps": self.profiled_steps,
-                         "resolve_rounds": self.algorithm.resolve_rounds,
-                         "standard_errors": self.algorithm.standard_errors},
-            "search": self.algorithm.summary(),
-        }
+        return self.store.load(store.identity(self.compression), self.compression.num_tensors)
 
 
 _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
