@@ -69,6 +69,7 @@ rank 0 also draws the search as a PNG (tf_mergecomp/search/report.py); with
 ``log_dir``, it writes TensorBoard scalars of the candidates.
 """
 
+
 import os
 import time
 
@@ -77,7 +78,6 @@ import tensorflow as tf
 
 from tf_mergecomp import communication
 from tf_mergecomp import grouping
-from tf_mergecomp._validation import check_in_interval, check_int
 from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
@@ -85,6 +85,8 @@ from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
 from tf_mergecomp.search import store
+from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
+    MAX_TURN_FACTOR, check_settings, steps_per_turn)
 from tf_mergecomp.search.store import PartitionStore
 
 
@@ -131,35 +133,10 @@ class PartitionSearchDriver:
                  log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
                  min_turn_seconds=0.0, restart_horovod=True, plain_codecs=("none",),
                  **search_options):
-        from tf_mergecomp.mergecomp import MergeComp
-
-        if not isinstance(compression, MergeComp):
-            raise ValueError("compression must be a tf_mergecomp.MergeComp, got %r" % (compression,))
-        for name, value, minimum in (("max_groups", max_groups, 1),
-                                     ("steps_per_candidate", steps_per_candidate, 1),
-                                     ("rounds", rounds, 1), ("finalists", finalists, 0),
-                                     ("warmup_steps", warmup_steps, 0),
-                                     ("profiled_steps", profiled_steps, 1),
-                                     ("probe_repeats", probe_repeats, 1)):
-            check_int(name, value, minimum)
-        for name, value in (("verbose", verbose), ("restart_horovod", restart_horovod)):
-            if value not in (0, 1, True, False):
-                raise ValueError("%s must be 0 or 1, got %r" % (name, value))
-        check_in_interval("min_turn_seconds", min_turn_seconds, "[0, inf)")
-        from tf_mergecomp.plain_groups import PLAIN_CODECS
-
-        if (isinstance(plain_codecs, str) or not plain_codecs
-                or any(c not in PLAIN_CODECS for c in plain_codecs)
-                or len(set(plain_codecs)) != len(plain_codecs)):
-            raise ValueError("plain_codecs must be distinct names among %s, got %r"
-                             % (", ".join(PLAIN_CODECS), plain_codecs))
+        check_settings(compression, max_groups, steps_per_candidate, rounds, finalists,
+                       warmup_steps, profiled_steps, probe_repeats, save_path, verbose,
+                       min_turn_seconds, restart_horovod, plain_codecs, search_options)
         self.plain_codecs = tuple(plain_codecs)
-        if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
-            raise ValueError("save_path must be a path or None, got %r" % (save_path,))
-        unknown = set(search_options) - _ALGORITHM_OPTIONS
-        if unknown:
-            raise ValueError("unknown search options %s; valid: %s"
-                             % (sorted(unknown), ", ".join(sorted(_ALGORITHM_OPTIONS))))
         self.compression = compression
         self.max_groups = max_groups
         self.steps_per_candidate = steps_per_candidate
@@ -601,23 +578,6 @@ class PartitionSearchDriver:
         if self.store is None:
             return None, None
         return self.store.load(store.identity(self.compression), self.compression.num_tensors)
-
-
-_ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
-# Where min_turn_seconds asks for more steps per turn, at most this many times
-# steps_per_candidate: on 25 ms steps, 20-step turns are what brings the
-# turn-to-turn spread down (docs/benchmarks.md, "Two speeds on two cores").
-MAX_TURN_FACTOR = 10
-
-
-def steps_per_turn(step_seconds, steps_per_candidate, min_turn_seconds):
-    """Timed steps of a confirm turn: ``steps_per_candidate``, or as many more
-    as make the turn last ``min_turn_seconds`` at ``step_seconds`` a step, at
-    most ``MAX_TURN_FACTOR`` times ``steps_per_candidate``."""
-    if min_turn_seconds <= 0 or not step_seconds > 0:
-        return steps_per_candidate
-    wanted = int(np.ceil(min_turn_seconds / step_seconds))
-    return int(min(MAX_TURN_FACTOR * steps_per_candidate, max(steps_per_candidate, wanted)))
 
 
 def _wait_for(value):
