@@ -4,46 +4,21 @@
     from tf_mergecomp import MergeComp
     opt = hvd.DistributedOptimizer(opt, compression=MergeComp("efsignsgd", partitions=2))
 
-Per training step, with gradients in backprop order (the order they become
-ready; for Keras models the reverse of ``trainable_variables``) cut into
-contiguous groups by the partition, each group costs three ops whatever its
-number of tensors:
+Gradients in backprop order are cut into contiguous groups by the partition; each group
+costs three ops whatever its number of tensors: ``MergecompGroupEncode`` (compensate,
+encode one payload, update the error-feedback state), one Horovod collective, and
+``MergecompGroupDecode`` (straight into per-tensor outputs). A codec of your own, or one
+wrapped by ``reference.plain``, runs the plain-TF path (tf_mergecomp/reference.py);
+PowerSGD reduces its groups itself (``reduce_group``). docs/design.md has the details.
 
-  1. ``MergecompGroupEncode`` takes the group's gradients as a list (any float
-     dtypes and shapes; ``IndexedSlices`` are densified) and each tensor's
-     error-feedback state, and in one kernel compensates the gradients (g + e,
-     SIGNUM's momentum, DGC's momentum correction and accumulation), encodes
-     the group's one payload, decodes this worker's own payload and updates the
-     state in place;
-  2. one Horovod collective sends the payload (allreduce-average when payloads
-     can be summed, else allgather);
-  3. ``MergecompGroupDecode`` decodes and combines (mean, or majority vote)
-     straight into per-tensor outputs of the original shapes and dtypes.
-
-Each group's ops depend only on its own gradients, so a group's communication
-can start while backprop still computes the next groups. A codec of your own,
-or a built-in one wrapped by ``reference.plain``, runs the plain-TF path
-instead (tf_mergecomp/reference.py): concatenate, compensate, compress,
-communicate, decompress, update, split; it is the reference the fused ops are
-tested against. PowerSGD (a matrix per tensor, two collectives per group)
-reduces its groups itself (``reduce_group``), with its own fused ops and
-plain-TF reference.
-
-State (all ``tf.Variable``s, tracked by this ``tf.Module`` so they checkpoint):
-one flat float32 variable per gradient tensor holding the memory's buffers back
-to back (the residual e; SIGNUM's momentum m; DGC's momentum u then
-accumulation v), then the codec's own state of that tensor (PowerSGD's Q),
-independent of the partition, so a partition change needs no re-layout; the
-step counter that seeds the codecs' random draws; and a counter of executed
-collectives. When MergeComp is given to ``hvd.DistributedOptimizer`` (Keras)
-it is attached to the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
-``model.save_weights`` carry it; with ``DistributedGradientTape`` add it to
-your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
-The memory's buffers are each rank's own: ``state_origin`` records whose they
-are, and at the first trace the ranks agree to keep restored state only if
-each holds its own (tf_mergecomp/rank_state.py; per-rank checkpoint files:
-tf_mergecomp/checkpoint.py; elastic jobs: tf_mergecomp/elastic.py).
+State (tracked by this ``tf.Module``, so it checkpoints): the per-tensor state variables
+(tf_mergecomp/state_variables.py), the step counter that seeds the codecs' random draws
+and a counter of executed collectives. With ``hvd.DistributedOptimizer`` (Keras) MergeComp
+is attached to the optimizer and checkpoints with it; with ``DistributedGradientTape`` add
+it to your checkpoint. Whose state each rank holds: tf_mergecomp/rank_state.py,
+docs/checkpoints.md.
 """
+
 
 import tensorflow as tf
 

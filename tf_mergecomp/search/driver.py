@@ -1,8 +1,7 @@
 """Runs MergeComp's partition search from a training loop, one step at a time.
 
 ``PartitionSearchDriver`` answers the requests of the framework-free search
-(tf_mergecomp/search/algorithm.py: explore with a step-time model, confirm by
-interleaved training steps) from the training itself. The Keras callback
+(tf_mergecomp/search/algorithm.py) from the training itself. The Keras callback
 (tf_mergecomp/callback.py) wraps it; custom loops with
 ``hvd.DistributedGradientTape`` use it directly:
 
@@ -14,59 +13,12 @@ interleaved training steps) from the training itself. The Keras callback
         search.after_step(loss)          # waits for ``loss``, then times the step
     search.finish()                      # if training ended before the search
 
-What the search costs, step by step (defaults in brackets):
-
-- step 1 traces the train step with one group; the engine notes which op
-  produces each gradient (``recorder.GradientOps``);
-- ``warmup_steps`` [2] steps are discarded, then ``profiled_steps`` [4] run
-  under TensorFlow's profiler (when each gradient is ready) and as many
-  without it (the step's time, to which the ready times are scaled);
-- between two steps, the exchange probe times single groups of a few
-  layouts on tensors of the gradient shapes (no model trace; about a second
-  of tracing per layout), and the finalists are predicted;
-- confirm: the sentinels (one group, reusing the function of step 1;
-  layer-wise) and the ``finalists`` [3] first train one untimed turn each
-  (a trace, then ``warmup_steps`` discarded steps: so no timed turn follows
-  a trace), then ``rounds`` [4] timed rounds over them. Each candidate keeps
-  its own traced train step; every timed turn costs one discarded switch
-  step. Each turn times ``steps_per_candidate`` [3] steps (more
-  where ``min_turn_seconds`` asks for longer turns); their median, averaged
-  over the workers, is the candidate's time in that round, and its ratio to
-  one group's time in the same round is what the choice is made on (one
-  group is timed in every round: the steps of a process drift over its
-  life, and a ratio within a round cancels that);
-- at each switch of candidate and once the partition is fixed, Horovod is
-  restarted (``restart_horovod``; about 0.1 s with 2 ranks on one host) so
-  that its response cache holds only the collectives of the candidate that
-  trains next: the cache keeps every collective name it has run and
-  coordinates all of them in every background cycle, which made the steps
-  timed after layer-wise, and the training after the search, 19-36%
-  slower (ResNet50, 2 ranks on 2 cores).
-
-So the train step is traced at most 2 + finalists times (5 by default: the
-first trace of a Keras train function also creates the optimizer's variables,
-for which TensorFlow traces it twice), and a search takes about
-1 + 2 + 4 + 4 + (5 + 4 x 2) + 4 x 5 x (1 + 3) = 104 steps, fewer when clear losers are
-dropped after the second round (one group never is), up to 4 x 2 x (1 + 3) = 32 more
-when the leader's gain over one group is not resolved after the rounds (then
-extra rounds time the two alone; one group is kept if they do not resolve
-it). The decision (and every answer) is averaged
-over the workers, so all workers take the same path. Rank 0 logs each phase
-and, at the end, the choice next to the sentinels and what the search cost
-(traces, steps, seconds).
-
-Keras' last step of an epoch can be a smaller batch, which re-traces the
-function it runs; during the search such steps run on the one-group function
-and are not timed (the callback marks them).
-
-With ``save_path``, the result is written as JSON (model fingerprint, world
-size, compressor and memory with their parameters, partition, the search's
-predictions and measurements, its cost); a later run whose fingerprint,
-world size and compression match loads it and skips the search; any mismatch
-is reported and the search runs again. A ``save_path`` that cannot be written
-fails before the first step, on every rank. With ``save_path`` or ``log_dir``,
-rank 0 also draws the search as a PNG (tf_mergecomp/search/report.py); with
-``log_dir``, it writes TensorBoard scalars of the candidates.
+What the search costs step by step (traces, discarded and timed steps, Horovod restarts
+between candidates), and the saved file, are in docs/search.md. Every answer is averaged
+over the workers, so all take the same path; rank 0 logs each phase and what the search
+cost. Keras' smaller last batch of an epoch runs on the one-group function, untimed.
+With ``save_path``, the result is saved and reused (tf_mergecomp/search/store.py); a
+``save_path`` that cannot be written fails before the first step, on every rank.
 """
 
 
