@@ -9,14 +9,12 @@ costs three ops whatever its number of tensors: ``MergecompGroupEncode`` (compen
 encode one payload, update the error-feedback state), one Horovod collective, and
 ``MergecompGroupDecode`` (straight into per-tensor outputs). A codec of your own, or one
 wrapped by ``reference.plain``, runs the plain-TF path (tf_mergecomp/reference.py);
-PowerSGD reduces its groups itself (``reduce_group``). docs/design.md has the details.
+PowerSGD reduces its groups itself (``reduce_group``). Details: docs/design.md.
 
-State (tracked by this ``tf.Module``, so it checkpoints): the per-tensor state variables
-(tf_mergecomp/state_variables.py), the step counter that seeds the codecs' random draws
-and a counter of executed collectives. With ``hvd.DistributedOptimizer`` (Keras) MergeComp
-is attached to the optimizer and checkpoints with it; with ``DistributedGradientTape`` add
-it to your checkpoint. Whose state each rank holds: tf_mergecomp/rank_state.py,
-docs/checkpoints.md.
+State (checkpointed with this ``tf.Module``): the per-tensor variables (state_variables.py),
+the step counter seeding the codecs' random draws, a count of executed collectives. With the
+Keras ``hvd.DistributedOptimizer`` it checkpoints with the optimizer; with
+``DistributedGradientTape`` add it to your checkpoint (docs/checkpoints.md).
 """
 
 
@@ -35,26 +33,8 @@ from tf_mergecomp.communication import HorovodCommunicator
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 from tf_mergecomp.state_variables import StateVariables
 
-# Codecs a group may use instead of the user's when ``plain_groups`` is on:
-# ``none`` (a plain float32 allreduce, exact) and ``fp16`` (half the bytes).
-# Neither keeps error-feedback state (tf_mergecomp/plain_groups.py).
+# Codecs a group may use instead of the user's with ``plain_groups`` (plain_groups.py).
 PLAIN_CODECS = plain_groups.PLAIN_CODECS
-
-
-class _Layout:
-    """Shapes and dtypes of the gradient list, in backprop order."""
-
-    def __init__(self, shapes, dtypes):
-        self.shapes = [tf.TensorShape(s) for s in shapes]
-        self.dtypes = list(dtypes)
-        self.sizes = [s.num_elements() for s in self.shapes]
-
-    def describe(self):
-        return {
-            "tensors": len(self.shapes),
-            "shapes": [s.as_list() for s in self.shapes],
-            "dtypes": [d.name for d in self.dtypes],
-        }
 
 
 class MergeComp(StateVariables, tf.Module):
@@ -481,24 +461,7 @@ class MergeComp(StateVariables, tf.Module):
             num_rows=rows, **codec_attrs)
         return outputs, nonfinite
 
-    # ---- layout and state ----------------------------------------------------------
-
-    def set_gradient_layout(self, shapes, dtypes):
-        """Fixes the gradient list this MergeComp reduces: shapes and dtypes in
-        backprop order. The first trace does it; a later call with another
-        list is refused (one MergeComp per optimizer or tape)."""
-        layout = _Layout(shapes, dtypes)
-        if self._layout is None:
-            self._layout = layout
-            return
-        old, new = self._layout.describe(), layout.describe()
-        if old != new:
-            difference = consistency.first_difference(old, new)
-            raise ValueError(
-                "this MergeComp was first used with a different gradient list (%s: %r, now %r); "
-                "use one MergeComp per optimizer or tape" % difference
-            )
-
+    # ---- after an elastic reset (layout and state: state_variables.py) ---------------
     def forget_traces(self):
         """After an elastic reset: the next call traces the reduce function afresh
         and checks its description with the (new) other ranks again."""
@@ -517,11 +480,8 @@ def _tensor_names(grads, variables):
 
 
 def _densify(grad):
-    if isinstance(grad, tf.IndexedSlices):
-        # Embedding gradients: merged groups need dense buffers; the codec then
-        # compresses the dense gradient (zeros included).
-        return tf.convert_to_tensor(grad)
-    return grad
+    """Embedding gradients made dense: merged groups need dense buffers (zeros are sent)."""
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def find_mergecomp(owner):

@@ -1,5 +1,6 @@
-"""MergeComp's compression state: one flat float32 variable per gradient tensor holding the
-memory's buffers (residuals, momenta) back to back, then the codec's own state (PowerSGD's Q).
+"""MergeComp's gradient layout (fixed at the first trace) and its compression state: one
+flat float32 variable per gradient tensor holding the memory's buffers (residuals, momenta)
+back to back, then the codec's own state (PowerSGD's Q).
 
 ``StateVariables`` is a part of ``MergeComp`` (its base class): the variables stay the
 MergeComp's own attribute ``_state``, so checkpoint keys are unchanged.
@@ -7,13 +8,46 @@ MergeComp's own attribute ``_state``, so checkpoint keys are unchanged.
 
 import tensorflow as tf
 
+from tf_mergecomp import consistency
 from tf_mergecomp import ops as op_library
 from tf_mergecomp import reference
+
+
+class _Layout:
+    """Shapes and dtypes of the gradient list, in backprop order."""
+
+    def __init__(self, shapes, dtypes):
+        self.shapes = [tf.TensorShape(s) for s in shapes]
+        self.dtypes = list(dtypes)
+        self.sizes = [s.num_elements() for s in self.shapes]
+
+    def describe(self):
+        return {
+            "tensors": len(self.shapes),
+            "shapes": [s.as_list() for s in self.shapes],
+            "dtypes": [d.name for d in self.dtypes],
+        }
 
 
 class StateVariables:
     """The state variables of a MergeComp (``self._layout``, ``self.memory``,
     ``self.compressor``, ``self.rank_state`` and ``self._state`` are MergeComp's)."""
+
+    def set_gradient_layout(self, shapes, dtypes):
+        """Fixes the gradient list this MergeComp reduces: shapes and dtypes in
+        backprop order. The first trace does it; a later call with another
+        list is refused (one MergeComp per optimizer or tape)."""
+        layout = _Layout(shapes, dtypes)
+        if self._layout is None:
+            self._layout = layout
+            return
+        old, new = self._layout.describe(), layout.describe()
+        if old != new:
+            difference = consistency.first_difference(old, new)
+            raise ValueError(
+                "this MergeComp was first used with a different gradient list (%s: %r, now %r); "
+                "use one MergeComp per optimizer or tape" % difference
+            )
 
     def _state_device(self, gradients):
         """Where the compression state is created: with the gradients, where

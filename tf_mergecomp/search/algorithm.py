@@ -40,7 +40,8 @@ import numbers
 
 import numpy as np
 
-from tf_mergecomp.search import step_model
+from tf_mergecomp.search import step_model, summary
+from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio  # noqa: F401 (mean_log_ratio: imported from here too)
 from tf_mergecomp.search.candidates import best_layouts
 from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
@@ -53,8 +54,6 @@ from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
-# One group: timed in every confirm round, the yardstick of the others.
-REFERENCE = ()
 # Codec assignments of one layout evaluated exhaustively up to this many,
 # else group by group from the cheapest codec of each.
 ASSIGNMENTS_LIMIT = 4096
@@ -204,7 +203,7 @@ class PartitionSearchAlgorithm:
         what the choice is made on."""
         values = {}
         for measured in self.rounds_measured:
-            for layout, ratio in _relative_to_reference(measured).items():
+            for layout, ratio in summary.relative_to_reference(measured).items():
                 values.setdefault(layout, []).append(ratio)
         return {layout: float(np.median(v)) for layout, v in values.items()}
 
@@ -231,7 +230,7 @@ class PartitionSearchAlgorithm:
         return [measured[layout] for measured in self.rounds_measured if layout in measured]
 
     def relative_rounds_of(self, layout):
-        rounds = [_relative_to_reference(measured) for measured in self.rounds_measured]
+        rounds = [summary.relative_to_reference(measured) for measured in self.rounds_measured]
         return [ratios[layout] for ratios in rounds if layout in ratios]
 
     # --------------------------------------------------------------------- plan
@@ -470,69 +469,8 @@ class PartitionSearchAlgorithm:
 
     # --------------------------------------------------------------- reporting
     def summary(self):
-        """A JSON-able account of the search."""
-        measured = self.measured_seconds()
-        relative = self.relative_seconds()
-
-        def entry(layout):
-            plain = layout == PLAIN_HOROVOD
-            codecs = self.codecs_of(layout)
-            return {"splits": None if plain else list(layout),
-                    "groups": None if plain else len(layout) + 1,
-                    "plain_horovod": plain,
-                    "group_codecs": None if codecs is None else list(codecs),
-                    "predicted_s": self.predictions.get(layout),
-                    "measured_s": measured.get(layout),
-                    "rounds_s": self.rounds_of(layout),
-                    "relative_to_one_group": relative.get(layout),
-                    "dropped_after_round": self.dropped.get(layout)}
-
-        return {
-            "choice": (None if self.choice is None else self.choice
-                       if self.choice == PLAIN_HOROVOD else list(self.choice)),
-            "choice_group_codecs": (None if self.choice is None or self.codecs_of(self.choice)
-                                    is None else list(self.codecs_of(self.choice))),
-            "leader": (None if self.leader is None else self.leader
-                       if self.leader == PLAIN_HOROVOD else list(self.leader)),
-            "codecs": None if self.codecs is None else list(self.codecs),
-            "extra_rounds": self.extra_rounds,
-            "standard_errors": self.standard_errors,
-            "candidates": [entry(layout) for layout in self.candidates],
-            "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s,
-                             "group_codecs": (None if self.codecs_of(l) is None
-                                              else list(self.codecs_of(l)))}
-                            for l, s in sorted(self.predictions.items(), key=lambda x: x[1])],
-            "profile_step_s": None if self.profile is None else self.profile.seconds,
-            "ready_s": None if self.ready is None else [float(r) for r in self.ready],
-            "costs": (None if self.model is None
-                      else self.model.costs.fitted.describe()),
-            "probed_groups": len(self.probed),
-            "model": None if self.model is None else {
-                "tail_s": self.model.tail, "codec_on_compute": self.codec_on_compute,
-                "decodes_after_backprop": self.decodes_after_backprop},
-            "notes": list(self.notes),
-        }
-
-
-def mean_log_ratio(ratios, standard_errors=2.0):
-    """(mean, half width) of the logs of ``ratios``: their mean and
-    ``standard_errors`` standard errors of it (infinite from fewer than two)."""
-    logs = np.log(np.asarray(ratios, dtype=np.float64))
-    if len(logs) == 0:
-        return 0.0, math.inf
-    if len(logs) < 2:
-        return float(logs[0]), math.inf
-    spread = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
-    return float(np.mean(logs)), standard_errors * spread
-
-
-def _relative_to_reference(measured):
-    """One confirm round's times over one group's in that round; {} before one group's turn
-    (times are positive: _confirm checks them)."""
-    reference = measured.get(REFERENCE)
-    if reference is None:
-        return {}
-    return {layout: seconds / reference for layout, seconds in measured.items()}
+        """A JSON-able account of the search (tf_mergecomp/search/summary.py)."""
+        return summary.summary(self)
 
 
 def _groups(layout, n):
