@@ -36,7 +36,7 @@ from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
-from tf_mergecomp.search import store
+from tf_mergecomp.search import measure, store
 from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
     MAX_TURN_FACTOR, check_settings, steps_per_turn)
 from tf_mergecomp.search.store import PartitionStore
@@ -272,9 +272,9 @@ class PartitionSearchDriver:
         request = self.algorithm.start()
         while request is not None:
             if request.kind == "profile":
-                answer = yield from self._profile()
+                answer = yield from measure.profile(self)
             elif request.kind == "probe":
-                answer = self._probe_layouts(request.layouts, request.codec)
+                answer = measure.probe_layouts(self, request.layouts, request.codec)
             elif request.kind == "warm":
                 self.report.finalists(self.algorithm, self.compression.num_tensors, self.rounds)
                 answer = yield from self._warm(request.layouts)
@@ -285,63 +285,6 @@ class PartitionSearchDriver:
                 self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds)
         self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds, final=True)
         self._conclude(self.algorithm.choice, save=True)
-
-    def _profile(self):
-        for _ in range(self.warmup_steps):
-            yield "discard"
-        self._profiler = recorder.StepProfiler()
-        if not self._profiler.start():
-            self.profile_note = self._profiler.error
-        for _ in range(self.profiled_steps):
-            yield "profiled"
-        profiled = self._profiler.stop(self._producers.producers)
-        self._profiler = None
-        # The profiler slows every op down: the same number of steps without
-        # it give the step's real time, and the ready times are scaled to it.
-        plain = []
-        for _ in range(self.profiled_steps):
-            plain.append((yield "timed"))
-        n = self.compression.num_tensors
-        plain = float(np.median(plain))
-        if profiled:
-            ready = np.nanmedian(np.stack([p.ready for p in profiled]), axis=0) \
-                if any(np.isfinite(p.ready).any() for p in profiled) else np.full(n, np.nan)
-            under_profiler = float(np.median([p.seconds for p in profiled]))
-            unseen = int(np.isnan(ready).sum())
-            if unseen:
-                self.profile_note = "%d of %d gradients not seen in the profile" % (unseen, n)
-        else:
-            ready, under_profiler = np.full(n, np.nan), plain
-            self.profile_note = self.profile_note or "no profile"
-        ready = self._values.mean_of_finite(ready, "ready")
-        under_profiler = float(self._values.average(under_profiler, "seconds"))
-        plain = float(self._values.average(plain, "seconds"))
-        self.turn_steps = steps_per_turn(plain, self.steps_per_candidate, self.min_turn_seconds)
-        ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
-        seen = ready[np.isfinite(ready)]
-        self.report.log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
-                  "gradients ready from %s to %s ms%s" % (
-                      self.profiled_steps, 1e3 * plain, 1e3 * under_profiler,
-                      "%.1f" % (1e3 * seen.min()) if seen.size else "?",
-                      "%.1f" % (1e3 * seen.max()) if seen.size else "?",
-                      " (%s)" % self.profile_note if self.profile_note else ""))
-        if self.turn_steps != self.steps_per_candidate:
-            self.report.log("confirm turns of %d timed steps (at least %.2f s each)" % (
-                self.turn_steps, self.min_turn_seconds))
-        return search_requests.ProfileResult(plain, ready)
-
-    def _probe_layouts(self, layouts, codec=None):
-        started = time.perf_counter()
-        if self._probe is None:
-            self._probe = recorder.ExchangeProbe(self.compression)
-        answers = []
-        for layout in layouts:
-            samples = self._probe.run(layout, repeats=self.probe_repeats, codec=codec)
-            answers.append(self._combine_probe(samples))
-        self.report.log("probed %d groups of %d layouts alone%s in %.1f s" % (
-            sum(len(a) for a in answers), len(layouts),
-            "" if codec is None else " with %s" % codec, time.perf_counter() - started))
-        return answers
 
     def searched_codecs(self):
         """The codecs the search chooses from per group: the compressor and
@@ -508,17 +451,6 @@ class PartitionSearchDriver:
         return int(self.compression.collectives_executed.numpy())
 
     # ------------------------------------------------------- ranks and files
-    def _combine_probe(self, samples):
-        """[groups, 3] from every rank's [repeats, groups, 3]: encode and decode
-        averaged over the ranks, the collective the least over the ranks (the
-        last rank to arrive waits for no one: its time is the transfer's), then
-        the median over the repeats."""
-        encode_decode = self._values.average(samples, "probe_codec")
-        collective = self._values.minimum(samples[:, :, 1], "probe_collective")
-        combined = np.array(encode_decode)
-        combined[:, :, 1] = collective
-        return np.median(combined, axis=0)
-
     def check_save_path(self):
         """Fails on every rank, before training, when rank 0 cannot write
         ``save_path`` (every rank must call it). Runs once."""
