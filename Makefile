@@ -4,7 +4,8 @@
 #   make train        the main job: 2-worker horovodrun training with MergeComp
 #   make test         the test suite
 #   make test-quick   the suite without the tests that start Horovod ranks
-#   make build        rebuild the custom-op library after editing custom_ops/
+#   make build        rebuild the custom-op library after editing custom_ops/ (one
+#                     library per TensorFlow version: every venv here keeps working)
 #   make setup TF_PACKAGE=tensorflow==2.15.1   on a GPU host (CUDA TensorFlow)
 #   make gpu-build    here, no GPU needed: a CUDA TensorFlow and a CUDA 12 toolchain
 #                     from PyPI in their own venv (.venv-gpu), the op library built
@@ -208,4 +209,4 @@ gpu-build: $(GPU_VENV)/.stamp-stack
 	nice $(GPU_PY) -m gpu_check.tf_build
 
 clean:
-	rm -rf build tf_mergecomp/_mergecomp_ops*.so tf_mergecomp/_mergecomp_ops_build.json
+	rm -rf build tf_mergecomp/_mergecomp_ops*.so tf_mergecomp/_mergecomp_ops*.json

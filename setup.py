@@ -1,9 +1,12 @@
 """Build and install tf_mergecomp.
 
-The custom ops in ``custom_ops/`` are compiled into one shared library,
-``tf_mergecomp/_mergecomp_ops.so``, against the TensorFlow installed in the
-running interpreter (so TensorFlow must be installed first and the build must
-run without build isolation: ``pip install --no-build-isolation -e .``).
+The custom ops in ``custom_ops/`` are compiled into one shared library per
+TensorFlow version, ``tf_mergecomp/_mergecomp_ops_tf<version>*.so`` (and its build
+record ``_mergecomp_ops_tf<version>.json``; ``tf_mergecomp.ops.library_stem``), against
+the TensorFlow installed in the running interpreter (so TensorFlow must be installed
+first and the build must run without build isolation:
+``pip install --no-build-isolation -e .``). Venvs with different TensorFlow releases
+share one checkout: each loads its own library.
 
 CPU kernels (``*.cc``) are always built. CUDA kernels (``*.cu.cc``) are built
 only when all of these hold: TensorFlow is a CUDA build, ``nvcc`` runs, the CUDA
@@ -43,7 +46,11 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 OPS_DIR = ROOT / "custom_ops"
 LIBRARY_NAME = "tf_mergecomp._mergecomp_ops"
-BUILD_INFO = "_mergecomp_ops_build.json"
+
+
+def _library_stem(tf_version):
+    """The library's name for a TensorFlow version: tf_mergecomp.ops.library_stem's."""
+    return "_mergecomp_ops_tf" + re.sub(r"[^0-9A-Za-z]", "_", tf_version)
 
 
 def _tensorflow_build_flags():
@@ -168,6 +175,15 @@ def _read_build_info(path):
 class BuildTensorFlowOps(build_ext):
     """Compiles custom_ops/ with TensorFlow's flags, in parallel, incrementally."""
 
+    def get_ext_filename(self, fullname):
+        # The library is named for the TensorFlow it is built against (both the build
+        # and the copy --inplace makes ask for the name here).
+        name = super().get_ext_filename(fullname)
+        if fullname.split(".")[-1] == LIBRARY_NAME.split(".")[-1]:
+            tf_version = _tensorflow_build_flags()[0]
+            name = name.replace("_mergecomp_ops.", _library_stem(tf_version) + ".", 1)
+        return name
+
     def build_extension(self, ext):
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -237,10 +253,10 @@ class BuildTensorFlowOps(build_ext):
             if os.environ.get("CUDA_LIB_DIR"):
                 link += ["-Wl,-rpath," + lib_dir]
         built = {"tensorflow_version": tf_version, "cuda": build_cuda}
-        # The library is one file whichever TensorFlow it was built for: relink
-        # when it was last linked for another version (or kind) of build.
+        build_info = _library_stem(tf_version) + ".json"
+        # Relink when the library was last linked for another kind of build (CPU, CUDA).
         if (not output.exists() or any(_newer(Path(o), output) for o in objects)
-                or _read_build_info(output.parent / BUILD_INFO) != built):
+                or _read_build_info(output.parent / build_info) != built):
             subprocess.run(link, check=True)
         info = json.dumps(built) + "\n"
         # With --inplace (and editable installs) setuptools builds under build/
@@ -253,9 +269,9 @@ class BuildTensorFlowOps(build_ext):
             directories.add(ROOT / "tf_mergecomp")
         for directory in directories:
             # Atomic, so a process loading the library never reads a half-written file.
-            partial = directory / (BUILD_INFO + ".partial")
+            partial = directory / (build_info + ".partial")
             partial.write_text(info)
-            os.replace(partial, directory / BUILD_INFO)
+            os.replace(partial, directory / build_info)
 
 
 setup(

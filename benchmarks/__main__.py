@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from benchmarks import outputs
 
 def _csv(convert):
     def parse(text):
@@ -55,18 +56,45 @@ def _positive(convert):
     return parse
 
 
-def build_parser():
-    from benchmarks import cluster, models
-    from benchmarks import exchange as exchange_bench
-    from benchmarks import profile as profile_bench
-    from benchmarks import simulate as simulate_bench
-    from benchmarks import validate as validate_bench
-    from tf_mergecomp.compressors import NAMES
+# The commands and their one-line help: the parser lists them without importing any
+# command's modules (so `--help` needs no TensorFlow).
+COMMANDS = (
+    ("ops", "encode/decode GB/s of the custom ops vs plain TF"),
+    ("exchange", "one rank's exchange: layer-wise vs one group vs 4 groups, per tensor count "
+                 "and model"),
+    ("cluster", "virtual cluster of network namespaces (root)"),
+    ("profile", "one model's step profile on this machine (gradient ready times, compute "
+                "times, codec cost curves) for the simulator"),
+    ("simulate", "step time of every config on W workers from a profile "
+                 "(tf_mergecomp/search/step_model.py)"),
+    ("validate", "measured (bench cluster) vs simulated step times (bench simulate)"),
+    ("parity", "digits CNN accuracy, 2 workers, every algorithm"),
+    ("restart", "one group's step before and after a search's worth of other partitions, "
+                "with and without a Horovod restart (2 workers, loopback)"),
+)
 
+# Where each command writes: a folder by default (None: nowhere unless --out is given);
+# profile writes one file (default bench_results/profile_MODEL.json).
+OUT_DEFAULTS = {"ops": None, "exchange": None, "cluster": "bench_results/cluster",
+                "profile": None, "simulate": None, "validate": None,
+                "parity": "bench_results/parity", "restart": "bench_results/restart"}
+
+
+def build_parser(command=None):
+    """The command line parser. ``command``: only that command's options are added (its
+    modules, and TensorFlow, are imported only then); None: every command's."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in COMMANDS:
+        options = commands.add_parser(name, help=help_text)
+        if command is None or command == name:
+            _OPTIONS[name](options)
+    return parser
 
-    ops = commands.add_parser("ops", help="encode/decode GB/s of the custom ops vs plain TF")
+
+def _ops_options(ops):
+    from tf_mergecomp.compressors import NAMES
+
     ops.add_argument("--sizes", type=_sizes, default=[10_000, 1_000_000, 25_000_000],
                      help="comma-separated element counts (default 1e4,1e6,25e6)")
     ops.add_argument("--algorithms", type=_algorithms, default=list(NAMES),
@@ -78,9 +106,12 @@ def build_parser():
                           "many tensors (default 64; 0: skip)")
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
 
-    exchange = commands.add_parser(
-        "exchange", help="one rank's exchange: layer-wise vs one group vs 4 groups, per "
-                         "tensor count and model")
+
+def _exchange_options(exchange):
+    from benchmarks import cluster, models
+    from benchmarks import exchange as exchange_bench
+    from tf_mergecomp.compressors import NAMES
+
     exchange.add_argument("--tensor-counts", type=_csv(_positive(int)),
                           default=list(exchange_bench.DEFAULT_TENSOR_COUNTS),
                           help="split --megabytes of float32 into this many equal tensors, each "
@@ -105,7 +136,10 @@ def build_parser():
                                "2 rounds, no models")
     exchange.add_argument("--out", default=None, help="also write exchange.md and exchange.json here")
 
-    clus = commands.add_parser("cluster", help="virtual cluster of network namespaces (root)")
+
+def _cluster_options(clus):
+    from benchmarks import cluster, models
+
     clus.add_argument("--workers", type=_csv(int), default=[2, 4])
     clus.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
     clus.add_argument("--models", type=_csv(str), default=list(models.DEFAULT_MODELS),
@@ -166,14 +200,16 @@ def build_parser():
     clus.add_argument("--quick", action="store_true",
                       help="transformer, 2 workers, efsignsgd and topk, 8 rounds, a search "
                            "of up to 2 groups (< 10 min)")
-    clus.add_argument("--out", default="bench_results/cluster")
+    clus.add_argument("--out", default=OUT_DEFAULTS["cluster"])
     clus.add_argument("--report", metavar="DIR", default=None,
                       help="run nothing: rewrite DIR/cluster.md and .png from DIR/cluster.json "
                            "(an earlier run's figures with this version's report)")
 
-    prof = commands.add_parser(
-        "profile", help="one model's step profile on this machine (gradient ready times, "
-                        "compute times, codec cost curves) for the simulator")
+
+def _profile_options(prof):
+    from benchmarks import models
+    from benchmarks import profile as profile_bench
+
     prof.add_argument("--model", type=_profile_model, required=True,
                       help="%s, a keras.applications model (MobileNetV2, ...) or "
                            "package.module:function returning a Keras model"
@@ -197,9 +233,10 @@ def build_parser():
     prof.add_argument("--out", default=None, help="write the profile JSON here "
                                                   "(default bench_results/profile_MODEL.json)")
 
-    sim = commands.add_parser(
-        "simulate", help="step time of every config on W workers from a profile "
-                         "(tf_mergecomp/search/step_model.py)")
+
+def _simulate_options(sim):
+    from benchmarks import simulate as simulate_bench
+
     sim.add_argument("--profile", required=True, help="a profile JSON (bench profile, or "
                                                       "docs/profiles/*.json)")
     sim.add_argument("--workers", type=_csv(int), default=list(simulate_bench.DEFAULT_WORKERS),
@@ -219,8 +256,10 @@ def build_parser():
     sim.add_argument("--out", default=None, help="also write simulate.{md,json,png} here")
     sim.add_argument("--name", default="simulate", help="file name stem under --out")
 
-    val = commands.add_parser(
-        "validate", help="measured (bench cluster) vs simulated step times (bench simulate)")
+
+def _validate_options(val):
+    from benchmarks import validate as validate_bench
+
     val.add_argument("--cluster", type=_csv(str), required=True,
                      help="comma-separated cluster run folders (or their cluster.json)")
     val.add_argument("--profiles", type=_csv(str), required=True,
@@ -231,18 +270,22 @@ def build_parser():
                           "(default; runs without one: the nominal tc rate) or the nominal rate")
     val.add_argument("--out", default=None, help="also write validate.{md,json} here")
 
-    parity = commands.add_parser("parity", help="digits CNN accuracy, 2 workers, every algorithm")
+
+def _parity_options(parity):
+    from tf_mergecomp.compressors import NAMES
+
     parity.add_argument("--algorithms", type=_algorithms, default=[n for n in NAMES if n != "none"])
     parity.add_argument("--epochs", type=int, default=8)
     parity.add_argument("--seed", type=int, default=None,
                         help="the initial weights' and the shuffling's seed (default 42)")
     parity.add_argument("--np", type=int, default=2, dest="num_proc")
     parity.add_argument("--timeout", type=float, default=1500.0)
-    parity.add_argument("--out", default="bench_results/parity")
+    parity.add_argument("--out", default=OUT_DEFAULTS["parity"])
 
-    restart = commands.add_parser(
-        "restart", help="one group's step before and after a search's worth of other "
-        "partitions, with and without a Horovod restart (2 workers, loopback)")
+
+def _restart_options(restart):
+    from benchmarks import models
+
     restart.add_argument("--model", type=models.check_model, default="resnet50")
     restart.add_argument("--algorithm", type=_algorithms, default=["efsignsgd"])
     restart.add_argument("--batch-size", type=_positive(int), default=32)
@@ -255,8 +298,10 @@ def build_parser():
                          help="times the search / after / restart / restarted sequence runs")
     restart.add_argument("--np", type=_positive(int), default=2, dest="num_proc")
     restart.add_argument("--timeout", type=float, default=1200.0)
-    restart.add_argument("--out", default="bench_results/restart")
-    return parser
+    restart.add_argument("--out", default=OUT_DEFAULTS["restart"])
+
+
+_OPTIONS = {"ops": _ops_options, "exchange": _exchange_options, "cluster": _cluster_options, "profile": _profile_options, "simulate": _simulate_options, "validate": _validate_options, "parity": _parity_options, "restart": _restart_options}
 
 
 def apply_quick(args):
@@ -279,8 +324,42 @@ def _report(text, data, out_dir, name):
             json.dump(data, f, indent=1, default=str)
 
 
+def _command(argv):
+    """The command named on the command line (its first word), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def _check_out(argv, command):
+    """Checks, before any work and without TensorFlow, that the command can write where it
+    will: the folder (profile: the file) --out names, else its default. Returns that path
+    (profile given a folder: the default file name inside it), or None where the command
+    writes nothing. Raises ValueError naming the path."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--out", default=OUT_DEFAULTS[command])
+    early.add_argument("--report")
+    early.add_argument("--model", default="")
+    known, _ = early.parse_known_args(argv)
+    if command == "cluster" and known.report:
+        return None  # rewrites an earlier run's report in its own folder
+    if command == "profile":
+        name = "profile_%s.json" % "".join(c if c.isalnum() else "_" for c in known.model)
+        return outputs.check_file(known.out or "bench_results" + os.sep, name)
+    return None if known.out is None else outputs.check_folder(known.out)
+
+
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command(argv)
+    if command not in OUT_DEFAULTS:
+        build_parser(command="").parse_args(argv)  # the usage, or what is wrong
+    try:
+        out = _check_out(argv, command)
+    except ValueError as error:
+        print("error: %s" % error, file=sys.stderr)
+        return 2
+    args = build_parser(command).parse_args(argv)
+    if out is not None:
+        args.out = out
     if args.command == "ops":
         from benchmarks import ops
 
@@ -356,8 +435,7 @@ def _profile(args):
     result = profile.record(args.model, codecs=codecs, quick=args.quick,
                             processes=args.processes, batch_size=args.batch_size,
                             timeout_s=args.timeout, pin_cores=args.pin_cores)
-    default_name = "profile_%s.json" % "".join(c if c.isalnum() else "_" for c in args.model)
-    path = profile.save(result, args.out or os.path.join("bench_results", default_name))
+    path = profile.save(result, args.out)
     print(profile.summary_text(result))
     print("\nwritten: %s" % path)
     return 0

@@ -39,7 +39,6 @@ import tempfile
 import threading
 import time
 
-from tf_mergecomp import keras2
 from benchmarks import netns, sshd
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,6 +96,8 @@ class RendezvousServer:
 def job_environment(threads=1, extra_env=None):
     """What every rank gets whichever the launcher: ``extra_env``, the project on
     PYTHONPATH, unbuffered output, ``threads`` threads per rank."""
+    from tf_mergecomp import keras2  # imports TensorFlow: not for --help
+
     env = keras2.child_environ(**(extra_env or {}))
     env.update({
         "HOROVOD_GLOO_TIMEOUT_SECONDS": "120",
@@ -203,6 +204,8 @@ def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
     repo_root = _REPO_ROOT
     command = [horovodrun_path(), "-np", str(num_proc), "--gloo", sys.executable, "-m", module,
                "--worker", spec_path]
+    from tf_mergecomp import keras2
+
     env = keras2.child_environ(
         TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
         PYTHONPATH=os.pathsep.join(p for p in (repo_root, os.environ.get("PYTHONPATH")) if p))

@@ -319,7 +319,7 @@ def measure(model_name, codecs, quick, batch_size=32):
                 unseen, n)
     else:
         ready = np.full(n, np.nan)
-    from tf_mergecomp.search.algorithm import fill_ready
+    from tf_mergecomp.search.step_model import fill_ready
 
     if np.isfinite(ready).any():
         ready = fill_ready(ready, sizes)

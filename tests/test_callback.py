@@ -137,6 +137,9 @@ def test_keras_search_saves_and_a_second_run_reuses_it(tmp_path):
     assert search_lines and all(line.startswith("[0]") for line in search_lines)  # rank 0 logs
     chose = [line for line in search_lines if "MergeComp search: chose " in line]
     assert len(chose) == 2 and all("traces of the train step" in line for line in chose)
+    # The warnings the search causes on purpose stay out of the log (SearchNoise).
+    assert "triggered tf.function retracing" not in output
+    assert "is slow compared to the batch time" not in output
 
 
 @pytest.mark.multiworker
@@ -271,3 +274,31 @@ def test_numpy_scalars_are_accepted_as_the_search_settings():
     assert PartitionSearchAlgorithm([4, 8, 16], max_groups=np.int64(2)).max_groups == 2
     with pytest.raises(ValueError, match="max_groups must be an integer >= 1"):
         PartitionSearchDriver(MergeComp("fp16"), max_groups=np.float64(2.0))
+
+
+def test_search_noise_keeps_only_the_searchs_own_warnings_out_while_installed():
+    import logging
+
+    from tf_mergecomp.search.report import SearchNoise
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("tensorflow")
+    logger.addHandler(handler)
+    retracing = ("5 out of the last 22 calls to <function train_function> triggered "
+                 "tf.function retracing. Tracing is expensive ...")
+    slow = ("Callback method `on_train_batch_end` is slow compared to the batch time "
+            "(batch time: 0.0100s vs `on_train_batch_end` time: 0.0300s). Check your callbacks.")
+    noise = SearchNoise()
+    try:
+        noise.install()
+        for message in (retracing, slow, "another warning"):
+            logger.warning(message)
+        assert seen == ["another warning"]
+        noise.remove()
+        logger.warning(retracing)
+        assert seen == ["another warning", retracing]
+    finally:
+        noise.remove()
+        logger.removeHandler(handler)

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests import codec_backends
-from tf_mergecomp import _ops, compressors, memory
+from tf_mergecomp import ops as op_library, compressors, memory
 
 DENSE = ("none", "fp16", "qsgd", "terngrad", "onebit", "signsgd", "signum", "efsignsgd")
 ALLGATHER_CODECS = ("qsgd", "terngrad", "onebit", "signsgd", "signum", "efsignsgd")
@@ -273,7 +273,7 @@ def test_op_backend_marks_a_nonfinite_tensor(name):
     decoder turns a marked tensor into NaN and reports it."""
     codec = compressors.get(name)
     values = tf.constant([1.0, -2.0, float("nan"), 0.5, -0.25] * 40)
-    ops = _ops.load()
+    ops = op_library.load()
     attrs = codec.group_op_attrs([200])
     row, context = ops.mergecomp_group_encode(
         [values], [], tf.constant(5, tf.int64), payload_type=codec.payload_dtype, memory="none",

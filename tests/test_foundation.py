@@ -5,13 +5,13 @@ import pytest
 import tensorflow as tf
 
 from tests import horovodrun
-from tf_mergecomp import _ops
+from tf_mergecomp import ops
 
 
 def test_op_library_loads_once_and_matches_tensorflow():
-    library = _ops.load()
-    assert _ops.load() is library
-    assert _ops.build_info()["tensorflow_version"] == tf.__version__
+    library = ops.load()
+    assert ops.load() is library
+    assert ops.build_info()["tensorflow_version"] == tf.__version__
 
 
 def test_an_op_computes_the_right_thing():
@@ -26,16 +26,31 @@ def test_an_op_computes_the_right_thing():
 
 
 def test_missing_library_error_says_how_to_rebuild(monkeypatch, tmp_path):
-    monkeypatch.setattr(_ops, "_PACKAGE_DIR", str(tmp_path))
-    with pytest.raises(_ops.OpLibraryError, match="make build"):
-        _ops.library_path()
+    monkeypatch.setattr(ops, "_PACKAGE_DIR", str(tmp_path))
+    with pytest.raises(ops.OpLibraryError, match="make build"):
+        ops.library_path()
+
+
+def test_each_tensorflow_version_has_its_own_library(monkeypatch, tmp_path):
+    # The running TensorFlow's library is picked among others; a checkout holding only
+    # another version's fails naming what it found.
+    other = tmp_path / (ops.library_stem("2.99.0") + ".cpython-311-x86_64-linux-gnu.so")
+    other.write_bytes(b"")
+    monkeypatch.setattr(ops, "_PACKAGE_DIR", str(tmp_path))
+    with pytest.raises(ops.OpLibraryError, match=r"TensorFlow %s.*found: %s" % (
+            tf.__version__.replace(".", r"\."), other.name.replace(".", r"\."))):
+        ops.library_path()
+    mine = tmp_path / (ops.library_stem() + ".cpython-311-x86_64-linux-gnu.so")
+    mine.write_bytes(b"")
+    assert ops.library_path() == str(mine)
+    assert ops.library_stem("2.15.1") == "_mergecomp_ops_tf2_15_1"
 
 
 def test_stale_library_error_names_both_versions(monkeypatch):
-    monkeypatch.setattr(_ops, "_library", None)
-    monkeypatch.setattr(_ops, "build_info", lambda: {"tensorflow_version": "0.0.1"})
-    with pytest.raises(_ops.OpLibraryError, match=r"0\.0\.1.*%s" % tf.__version__.replace(".", r"\.")):
-        _ops.load()
+    monkeypatch.setattr(ops, "_library", None)
+    monkeypatch.setattr(ops, "build_info", lambda: {"tensorflow_version": "0.0.1"})
+    with pytest.raises(ops.OpLibraryError, match=r"0\.0\.1.*%s" % tf.__version__.replace(".", r"\.")):
+        ops.load()
 
 
 @pytest.mark.multiworker

@@ -202,14 +202,14 @@ def test_a_merged_group_grows_by_at_most_three_ops_per_extra_tensor(name):
 
 
 def test_bad_state_variable_is_a_clear_error():
-    from tf_mergecomp import _ops
+    from tf_mergecomp import ops
 
     grads = [tf.ones([4]), tf.ones([3])]
     wrong = [tf.Variable(tf.zeros([4])), tf.Variable(tf.zeros([2]))]
     with pytest.raises(tf.errors.InvalidArgumentError, match="state variable 1 must be"):
-        _ops.load().mergecomp_group_encode(grads, [v.handle for v in wrong], tf.constant(0, tf.int64),
+        ops.load().mergecomp_group_encode(grads, [v.handle for v in wrong], tf.constant(0, tf.int64),
                                            memory="residual", codec="efsignsgd",
                                            payload_type=tf.uint8)
     with pytest.raises(tf.errors.InvalidArgumentError, match="unknown group codec 'nope'"):
-        _ops.load().mergecomp_group_encode(grads, [], tf.constant(0, tf.int64), memory="none",
+        ops.load().mergecomp_group_encode(grads, [], tf.constant(0, tf.int64), memory="none",
                                            codec="nope", payload_type=tf.uint8)

@@ -288,7 +288,7 @@ def test_state_checkpoints_and_runs_in_tf_function(tmp_path):
 # --- bad input ------------------------------------------------------------------
 
 def test_bad_state_is_a_clear_error():
-    from tf_mergecomp._ops import load
+    from tf_mergecomp.ops import load
 
     grads = [tf.ones([4, 3])]
     wrong = tf.Variable(tf.zeros([12]))  # residual without Q
@@ -317,9 +317,9 @@ def test_state_goes_with_the_gradients_when_the_library_has_gpu_kernels(monkeypa
     """Every group op, PowerSGD's included, has GPU kernels in a CUDA build of
     the library: the state is created on the gradients' device then; a
     CPU-only library keeps it on the host."""
-    from tf_mergecomp import _ops
+    from tf_mergecomp import ops
 
-    monkeypatch.setattr(_ops, "build_info", lambda: {"cuda": cuda})
+    monkeypatch.setattr(ops, "build_info", lambda: {"cuda": cuda})
 
     class Placed:
         device = "/job:localhost/replica:0/task:0/device:GPU:0"

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 pytest.importorskip("horovod", reason="tf_mergecomp needs Horovod (a full venv: make setup)")
 
-from tf_mergecomp import _ops, compressors  # noqa: E402
+from tf_mergecomp import ops as op_library, compressors  # noqa: E402
 from tests._close import assert_close  # noqa: E402
 
 GROUP_CODECS = ("none", "fp16", "signsgd", "onebit", "efsignsgd", "qsgd", "terngrad",
@@ -57,7 +57,7 @@ def _why_skipped():
         return "TensorFlow %s is not a CUDA build" % tf.__version__
     if not tf.config.list_physical_devices("GPU"):
         return "no GPU visible to TensorFlow"
-    if not _ops.build_info().get("cuda"):
+    if not op_library.build_info().get("cuda"):
         return "the op library was built without its GPU kernels (docs/gpu.md)"
     return None
 
@@ -81,7 +81,7 @@ def _encode(device, name, values, dtype, memory, seed):
         grads = [tf.cast(tf.constant(v), dtype) for v in values]
         state = ([tf.Variable(tf.fill([n], 0.25)) for n in sizes] if memory == "residual"
                  else [])
-        payload, context = _ops.load().mergecomp_group_encode(
+        payload, context = op_library.load().mergecomp_group_encode(
             grads, [v.handle for v in state], tf.constant(seed, tf.int64),
             payload_type=codec.payload_dtype, memory=memory, codec=codec.group_codec,
             **codec.group_op_attrs(sizes))
@@ -92,7 +92,7 @@ def _decode(device, name, rows, context, dtype, num_rows):
     codec = _codec(name)
     sizes = [int(np.prod(s)) for s in SHAPES]
     with tf.device(device):
-        outputs, nonfinite = _ops.load().mergecomp_group_decode(
+        outputs, nonfinite = op_library.load().mergecomp_group_decode(
             tf.constant(rows), tf.constant(context), T=[dtype] * len(SHAPES), shapes=SHAPES,
             num_rows=num_rows, codec=codec.group_codec, **codec.group_op_attrs(sizes))
     return [o.numpy() for o in outputs], nonfinite.numpy()
@@ -178,7 +178,7 @@ def _powersgd_step(device, values, dtype, residual):
         q = np.random.RandomState(50 + i).standard_normal(t["cols"] * t["rank"])
         initial.append(np.concatenate([np.full(t["size"] if residual else 0, 0.25), q])
                        .astype(np.float32))
-    ops = _ops.load()
+    ops = op_library.load()
     with tf.device(device):
         grads = [tf.cast(tf.constant(v), dtype) for v in values]
         state = [tf.Variable(v) for v in initial]
@@ -276,7 +276,7 @@ def test_one_group_exchange_on_one_rank_copies_nothing_to_the_host(tmp_path):
     with tf.device("/GPU:0"):
         grads = [tf.random.normal(s) for s in shapes]
         state = [tf.Variable(tf.zeros([n])) for n in sizes]
-    ops = _ops.load()
+    ops = op_library.load()
 
     @tf.function
     def step(seed):
@@ -306,7 +306,7 @@ def test_powersgd_one_group_on_one_rank_copies_nothing_to_the_host(tmp_path):
         grads = [tf.random.normal(s) for s in shapes]
         state = [tf.Variable(tf.random.normal([t["size"] + t["cols"] * t["rank"]]))
                  for t in layout]
-    ops = _ops.load()
+    ops = op_library.load()
     handles = [v.handle for v in state]
 
     @tf.function

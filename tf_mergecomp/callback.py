@@ -21,6 +21,7 @@ fastest candidate measured so far is kept (and not saved).
 from tf_mergecomp.keras2 import keras
 from tf_mergecomp.search.driver import PartitionSearchDriver
 from tf_mergecomp.search.layout_functions import tracing_count
+from tf_mergecomp.search.report import SearchNoise
 
 
 class MergeCompCallback(keras.callbacks.Callback):
@@ -46,6 +47,9 @@ class MergeCompCallback(keras.callbacks.Callback):
         self.search = PartitionSearchDriver(
             compression, steps_per_candidate=steps_per_candidate, max_groups=max_groups,
             save_path=save_path, verbose=verbose, log_dir=log_dir, **search_options)
+        # Over the whole fit the search runs in: Keras times the callbacks of its first
+        # batches and warns after them, when a search reusing a saved partition is over.
+        self._noise = SearchNoise()
 
     @property
     def compression(self):
@@ -59,6 +63,8 @@ class MergeCompCallback(keras.callbacks.Callback):
         if self.search.train_functions is None:
             self.search.train_functions = KerasTrainFunctions(self.model, self.search)
         self.search.check_save_path()
+        if not self.search.done:
+            self._noise.install()
 
     def on_train_batch_begin(self, batch, logs=None):
         steps = self.params.get("steps") if self.params else None
@@ -73,6 +79,7 @@ class MergeCompCallback(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         # Keep the fastest partition measured so far rather than an arbitrary candidate.
         self.search.finish()
+        self._noise.remove()
 
 
 class KerasTrainFunctions:

@@ -4,50 +4,23 @@
     from tf_mergecomp import MergeComp
     opt = hvd.DistributedOptimizer(opt, compression=MergeComp("efsignsgd", partitions=2))
 
-Per training step, with gradients in backprop order (the order they become
-ready; for Keras models the reverse of ``trainable_variables``) cut into
-contiguous groups by the partition, each group costs three ops whatever its
-number of tensors:
+Gradients in backprop order are cut into contiguous groups by the partition; each group
+costs three ops whatever its number of tensors: ``MergecompGroupEncode`` (compensate,
+encode one payload, update the error-feedback state), one Horovod collective, and
+``MergecompGroupDecode`` (straight into per-tensor outputs). A codec of your own, or one
+wrapped by ``reference.plain``, runs the plain-TF path (tf_mergecomp/reference.py);
+PowerSGD reduces its groups itself (``reduce_group``). Details: docs/design.md.
 
-  1. ``MergecompGroupEncode`` takes the group's gradients as a list (any float
-     dtypes and shapes; ``IndexedSlices`` are densified) and each tensor's
-     error-feedback state, and in one kernel compensates the gradients (g + e,
-     SIGNUM's momentum, DGC's momentum correction and accumulation), encodes
-     the group's one payload, decodes this worker's own payload and updates the
-     state in place;
-  2. one Horovod collective sends the payload (allreduce-average when payloads
-     can be summed, else allgather);
-  3. ``MergecompGroupDecode`` decodes and combines (mean, or majority vote)
-     straight into per-tensor outputs of the original shapes and dtypes.
-
-Each group's ops depend only on its own gradients, so a group's communication
-can start while backprop still computes the next groups. A codec of your own,
-or a built-in one wrapped by ``reference.plain``, runs the plain-TF path
-instead (tf_mergecomp/reference.py): concatenate, compensate, compress,
-communicate, decompress, update, split; it is the reference the fused ops are
-tested against. PowerSGD (a matrix per tensor, two collectives per group)
-reduces its groups itself (``reduce_group``), with its own fused ops and
-plain-TF reference.
-
-State (all ``tf.Variable``s, tracked by this ``tf.Module`` so they checkpoint):
-one flat float32 variable per gradient tensor holding the memory's buffers back
-to back (the residual e; SIGNUM's momentum m; DGC's momentum u then
-accumulation v), then the codec's own state of that tensor (PowerSGD's Q),
-independent of the partition, so a partition change needs no re-layout; the
-step counter that seeds the codecs' random draws; and a counter of executed
-collectives. When MergeComp is given to ``hvd.DistributedOptimizer`` (Keras)
-it is attached to the optimizer, so ``tf.train.Checkpoint(optimizer=opt)`` and
-``model.save_weights`` carry it; with ``DistributedGradientTape`` add it to
-your checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., mergecomp=mc)``.
-The memory's buffers are each rank's own: ``state_origin`` records whose they
-are, and at the first trace the ranks agree to keep restored state only if
-each holds its own (tf_mergecomp/rank_state.py; per-rank checkpoint files:
-tf_mergecomp/checkpoint.py; elastic jobs: tf_mergecomp/elastic.py).
+State (checkpointed with this ``tf.Module``): the per-tensor variables (state_variables.py),
+the step counter seeding the codecs' random draws, a count of executed collectives. With the
+Keras ``hvd.DistributedOptimizer`` it checkpoints with the optimizer; with
+``DistributedGradientTape`` add it to your checkpoint (docs/checkpoints.md).
 """
+
 
 import tensorflow as tf
 
-from tf_mergecomp import _ops
+from tf_mergecomp import ops as op_library
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
 from tf_mergecomp import grouping
@@ -58,30 +31,13 @@ from tf_mergecomp import reference
 from tf_mergecomp import seeds
 from tf_mergecomp.communication import HorovodCommunicator
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
+from tf_mergecomp.state_variables import StateVariables
 
-# Codecs a group may use instead of the user's when ``plain_groups`` is on:
-# ``none`` (a plain float32 allreduce, exact) and ``fp16`` (half the bytes).
-# Neither keeps error-feedback state (tf_mergecomp/plain_groups.py).
+# Codecs a group may use instead of the user's with ``plain_groups`` (plain_groups.py).
 PLAIN_CODECS = plain_groups.PLAIN_CODECS
 
 
-class _Layout:
-    """Shapes and dtypes of the gradient list, in backprop order."""
-
-    def __init__(self, shapes, dtypes):
-        self.shapes = [tf.TensorShape(s) for s in shapes]
-        self.dtypes = list(dtypes)
-        self.sizes = [s.num_elements() for s in self.shapes]
-
-    def describe(self):
-        return {
-            "tensors": len(self.shapes),
-            "shapes": [s.as_list() for s in self.shapes],
-            "dtypes": [d.name for d in self.dtypes],
-        }
-
-
-class MergeComp(tf.Module):
+class MergeComp(StateVariables, tf.Module):
     """A compression scheduler usable as Horovod's ``compression=`` argument.
 
     Args:
@@ -492,7 +448,7 @@ class MergeComp(tf.Module):
         memory = self.memory if memory is None else memory
         codec_attrs = dict(codec=codec.group_codec,
                            **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
-        ops = _ops.load()
+        ops = op_library.load()
         payload, codec_context = ops.mergecomp_group_encode(
             grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
             memory=memory.name, **memory.op_attrs(), **codec_attrs)
@@ -505,90 +461,12 @@ class MergeComp(tf.Module):
             num_rows=rows, **codec_attrs)
         return outputs, nonfinite
 
-    # ---- layout and state ----------------------------------------------------------
-
-    def set_gradient_layout(self, shapes, dtypes):
-        """Fixes the gradient list this MergeComp reduces: shapes and dtypes in
-        backprop order. The first trace does it; a later call with another
-        list is refused (one MergeComp per optimizer or tape)."""
-        layout = _Layout(shapes, dtypes)
-        if self._layout is None:
-            self._layout = layout
-            return
-        old, new = self._layout.describe(), layout.describe()
-        if old != new:
-            difference = consistency.first_difference(old, new)
-            raise ValueError(
-                "this MergeComp was first used with a different gradient list (%s: %r, now %r); "
-                "use one MergeComp per optimizer or tape" % difference
-            )
-
-    def _state_device(self, gradients):
-        """Where the compression state is created: with the gradients, where
-        their group ops run (every group op, PowerSGD's included, has GPU
-        kernels in a CUDA build of the op library; the plain-TF reference
-        runs anywhere), so that a step copies no state between device and
-        host; on the host when the op library has CPU kernels only."""
-        codec = self.compressor
-        if codec.backend != reference.PLAIN_BACKEND and not _ops.build_info().get("cuda"):
-            return "/device:CPU:0"
-        return gradients[0].device or None
-
-    def state_variables(self, device="/device:CPU:0"):
-        """One flat float32 variable per gradient tensor (backprop order), holding
-        the memory's buffers back to back, then the codec's own state of the
-        tensor, created on `device` (None: TensorFlow's default device); []
-        when neither keeps anything. Created at the first call after the layout
-        is set; later calls return them wherever they are."""
-        names = self.memory.state_names
-        codec = self.compressor
-        codec_sizes = [codec.codec_state_size(shape) for shape in self._layout.shapes]
-        if self._state is None and (names or any(codec_sizes)):
-            with tf.init_scope(), tf.device(device):
-                self._state = []
-                for i in range(len(self._layout.shapes)):
-                    self._state.append(tf.Variable(
-                        self._initial_state_value(i), trainable=False,
-                        name="%s_%d" % ("_".join(names) or "codec_state", i)))
-            # A checkpoint restored before the first step has just been
-            # restored into the new variables; a decision taken about it
-            # (reset, or this rank's own saved state) applies now.
-            self.rank_state.on_state_created()
-        return list(self._state or [])
-
-    def _initial_state_value(self, i):
-        shape, size = self._layout.shapes[i], self._layout.sizes[i]
-        initial = [tf.zeros([len(self.memory.state_names) * size], tf.float32)]
-        codec_size = self.compressor.codec_state_size(shape)
-        if codec_size:
-            codec_state = self.compressor.initial_codec_state(shape, i)
-            initial.append(tf.zeros([codec_size], tf.float32) if codec_state is None else codec_state)
-        return tf.concat(initial, 0)
-
-    def existing_state_variables(self):
-        """The state variables once created (a list, [] when nothing keeps
-        state), None before: unlike ``state_variables``, creates nothing."""
-        return None if self._state is None else list(self._state)
-
-    def keeps_state(self):
-        """Whether this MergeComp has per-tensor state at all (nothing to agree on otherwise)."""
-        if self._layout is not None:
-            return bool(self._state)
-        return bool(self.memory.state_names) or self.compressor.keeps_codec_state
-
+    # ---- after an elastic reset (layout and state: state_variables.py) ---------------
     def forget_traces(self):
         """After an elastic reset: the next call traces the reduce function afresh
         and checks its description with the (new) other ranks again."""
         self._eager_reduce = None
         self._agreed_description = None
-
-    def reset_state(self):
-        """Sets the compression state (residuals, momenta, PowerSGD's Q) back to
-        its initial value: zeros, and PowerSGD's initial Q. The step is kept."""
-        with tf.init_scope():
-            for i, variable in enumerate(self._state or []):
-                with tf.device(variable.device):
-                    variable.assign(self._initial_state_value(i))
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)
@@ -602,11 +480,8 @@ def _tensor_names(grads, variables):
 
 
 def _densify(grad):
-    if isinstance(grad, tf.IndexedSlices):
-        # Embedding gradients: merged groups need dense buffers; the codec then
-        # compresses the dense gradient (zeros included).
-        return tf.convert_to_tensor(grad)
-    return grad
+    """Embedding gradients made dense: merged groups need dense buffers (zeros are sent)."""
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def find_mergecomp(owner):

@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from tests import golden_inputs  # noqa: E402
-from tf_mergecomp import _ops, compressors, memory as memories  # noqa: E402
+from tf_mergecomp import ops as op_library, compressors, memory as memories  # noqa: E402
 from tf_mergecomp.compressors import _sparse  # noqa: E402
 
 SIZES = [0, 1, 7, 300, 1, 2053, 64, 0, 517]
@@ -235,7 +235,7 @@ def run_case(ops, key, algorithm, params, memory_name, nonfinite, sizes=SIZES, w
 
 
 def main():
-    ops = _ops.load()
+    ops = op_library.load()
     everything = sorted(list(CASES) + list(STRESS_CASES) + list(DIGEST_CASES))
     assert _sparse.sparse_k(10, 1.0) == 10  # topk_all: k = n
     arrays = {"cases": np.array(json.dumps(everything))}

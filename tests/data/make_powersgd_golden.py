@@ -23,7 +23,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_mergecomp import _ops
+from tf_mergecomp import ops as op_library
 
 SHAPES = [(16, 8), (), (0,), (5,), (1, 40), (40, 1), (3, 4, 6), (0, 7), (12, 12), (100, 30)]
 ZERO_TENSOR = 8  # all zero gradient and state: Gram-Schmidt's zero columns
@@ -119,7 +119,7 @@ def run_case(ops, key, residual, dtype, nonfinite):
 
 
 def main():
-    ops = _ops.load()
+    ops = op_library.load()
     arrays = {"cases": np.array(json.dumps(sorted(CASES)))}
     for key, (residual, dtype, nonfinite) in CASES.items():
         arrays.update(run_case(ops, key, residual, dtype, nonfinite))

@@ -23,7 +23,7 @@ stored by the engine after the memory's buffers in each tensor's variable.
 
 import tensorflow as tf
 
-from tf_mergecomp import _ops
+from tf_mergecomp import ops
 from tf_mergecomp._validation import check_in_interval, check_positive_int  # noqa: F401 (re-exported)
 
 # Tensor i of a group draws its random numbers with the group's seed plus
@@ -170,7 +170,7 @@ class Compressor:
     def op_encode(self, values, seed):
         """values: 1-D float32. Returns (payload without its marker, codec_context)."""
         n = int(values.shape[0])
-        payload, codec_context = _ops.load().mergecomp_group_encode(
+        payload, codec_context = ops.load().mergecomp_group_encode(
             [values], [], tf.cast(seed, tf.int64), payload_type=self.payload_dtype,
             memory="none", codec=self.group_codec, **self.group_op_attrs([n]))
         return payload[:-1], codec_context
@@ -180,7 +180,7 @@ class Compressor:
         rows = tf.reshape(rows, [-1])
         rows = tf.reshape(rows, [num_rows, tf.size(rows) // num_rows])
         rows = tf.concat([rows, tf.zeros([num_rows, 1], rows.dtype)], 1)
-        outputs, _ = _ops.load().mergecomp_group_decode(
+        outputs, _ = ops.load().mergecomp_group_decode(
             tf.reshape(rows, [-1]), codec_context, T=[tf.float32], shapes=[[n]],
             num_rows=num_rows, codec=self.group_codec, **self.group_op_attrs([n]))
         return outputs[0]

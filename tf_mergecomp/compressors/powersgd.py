@@ -56,7 +56,7 @@ import zlib
 
 import tensorflow as tf
 
-from tf_mergecomp._ops import load
+from tf_mergecomp.ops import load
 from tf_mergecomp.compressors import _random
 from tf_mergecomp.compressors.base import (ALLREDUCE, Compressor, as_float32,
                                            check_positive_int)

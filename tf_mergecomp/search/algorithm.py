@@ -1,87 +1,37 @@
 """MergeComp's partition search: explore with a step-time model, then confirm with real steps.
 
-MergeComp (Wang, Wu, Ng, "MergeComp: A Compression Scheduler for Scalable
-Communication-Efficient Distributed Training", arXiv 2103.15195) merges the
-gradient tensors, in backprop order, into a few contiguous groups and sends
-one compressed collective per group. How many groups and where to cut trades
-the fixed cost of each group (codec launches, one collective each) against
-the overlap of communication with backprop; the answer depends on the model,
-the codec and the network, so it is measured. A partition can only be timed
-by training with it, and that costs a trace of the train step (tens of
-seconds for a large model), so the search measures parts once and predicts:
+docs/search.md describes the search, its cost and its measurements. In short:
+explore (profile one group's steps, probe single groups of a few balanced layouts, fit
+each part's costs, predict every layout with tf_mergecomp/search/step_model.py, and pick
+the fastest of each group count from 2 to ``max_groups``, refined on probed groups), then
+confirm: the ``finalists`` and the sentinels (one group, layer-wise; with
+``plain_horovod`` also ``PLAIN_HOROVOD``) train untimed once, then ``rounds`` interleaved
+rounds time them, each as a ratio to one group's time in the same round; clear losers are
+dropped, and the leader replaces one group only if the mean of its log ratios plus
+``standard_errors`` standard errors is below zero (``resolve_rounds`` extra rounds at most).
 
-Explore (no trace of the model per candidate)
-  1. Profile: a few training steps with one group, profiled: when each
-     gradient becomes ready and how long the step takes.
-  2. Probe: each group of a few balanced layouts (1, 2, 4, 8, 16 groups) is
-     encoded, exchanged and decoded alone on tensors of the real shapes
-     (tf_mergecomp/search/recorder.py); a fixed cost plus a cost per element and
-     per tensor is fitted to each part.
-  3. Predict every candidate's step time with the step-time model
-     (tf_mergecomp/search/step_model.py) and pick the fastest layout of each group
-     count from 2 to ``max_groups`` (every layout when there are at most
-     ``exhaustive_limit`` of that count, else a grid of cut positions refined
-     cut by cut). The groups of those layouts are probed too and the
-     prediction repeated (``refinements`` times at most) so that the finalists
-     stand on measured groups rather than on the fit.
-Confirm (real training steps)
-  4. The finalists (at most ``finalists``: the predicted best of each group
-     count, then the next best overall) and both sentinels, one group and
-     layer-wise, first train in turn untimed (each traced, and past the slow
-     steps that follow any trace, before any is timed), then are timed by
-     training steps, interleaved: ``rounds`` rounds,
-     each timing every candidate once, in an order rotated by one each round,
-     so that a slow spell of the machine falls on all of them. Each time is
-     judged against one group's time in the same round (one group, the
-     reference, is timed in every round): a process's steps drift over its
-     life and single turns hiccup, and a ratio within a round cancels what
-     the round's turns share, where medians of absolute times from different
-     rounds would not. A candidate whose best ratio is above the leader's
-     worst (from the second round on) is dropped; the reference never is.
-     The leader is the candidate still timed in the last round with the
-     lowest median ratio.
-  5. Resolve: the leader replaces one group only if the rounds resolve its
-     gain: the mean of its per-round log ratios to one group, plus
-     ``standard_errors`` standard errors of that mean, is below zero. While
-     it is not, up to ``resolve_rounds`` more rounds time the leader and one
-     group alone; if it still is not, one group is kept. A gain smaller than
-     the rounds' own spread is no gain the search can see: four rounds of
-     ratios 0.85, 1.15, 1.02, 0.88 once chose three groups that then trained
-     slower than one. So the result is never measured slower than one
-     group side by side, nor than layer-wise, nor one that lost to the
-     leader, nor a gain the rounds cannot tell from noise.
+Per-group codecs (``codecs``: the compressor's name, then plain codecs such as ``none``):
+the model gives each group the codec of least cost, and each ranked layout's codecs are
+settled over its codec assignments (every one up to ``ASSIGNMENTS_LIMIT``).
 
-The algorithm is framework-free and driven by requests: ``start()`` returns
-the first request, ``answer(value)`` the next (None when done).
+The algorithm is framework-free and driven by requests (tf_mergecomp/search/requests.py):
+``start()`` returns the first request, ``answer(value)`` the next (None when done):
 
   ``Profile(splits)``  train with this layout, profile ``profiled_steps``
                        steps; answer a ``ProfileResult``.
-  ``Probe(layouts)``   time each group of each layout alone; answer one
+  ``Probe(layouts)``   time every group of these layouts alone; answer a
                        [groups, 3] array of encode, collective, decode seconds
                        per layout.
   ``Warm(layouts)``    train with each layout in turn, untimed; answer None.
   ``Time(splits)``     one confirm round of this candidate: train with it
                        and answer its seconds per step.
 
-Every worker must answer the same values (averaged over workers), so that all
-take the same decisions. ``tf_mergecomp/search/driver.py`` answers them from a
-training loop; ``run_search`` (tf_mergecomp/search/run.py) from plain functions
-(tests, simulations). The requests are defined in tf_mergecomp/search/requests.py,
-the ranking of each group count's layouts in tf_mergecomp/search/candidates.py.
-
-Layouts: N tensors in backprop order; a layout is a sorted tuple of split
-indices in (0, N): ``()`` is one group, ``(1, ..., N - 1)`` layer-wise.
-
-Per-group codecs (``codecs``: the compressor's name, then plain codecs such
-as ``none``): every codec's groups are probed alike and fitted alike; the
-step model then gives each group the codec of least cost, and each ranked
-layout's codecs are settled by evaluating its codec assignments (every one up
-to ``ASSIGNMENTS_LIMIT``) with the model; ``codecs_of(layout)`` names them.
-The sentinels (one group, layer-wise) keep the compressor everywhere. With
-``plain_horovod``, a third sentinel, ``PLAIN_HOROVOD``, is confirmed beside
-them: the user's optimizer with Horovod's own reduction and no compression;
-like any candidate it is chosen only if it resolves faster than one group.
+Every worker must answer the same values (averaged over workers). The driver
+(tf_mergecomp/search/driver.py) answers them from a training loop, ``run_search``
+(tf_mergecomp/search/run.py) from plain functions. A layout is a sorted tuple of split
+indices in (0, N) over the N tensors in backprop order: ``()`` is one group.
 """
+
 
 import itertools
 
@@ -90,8 +40,10 @@ import numbers
 
 import numpy as np
 
-from tf_mergecomp.search import step_model
+from tf_mergecomp.search import step_model, summary
+from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio  # noqa: F401 (mean_log_ratio: imported from here too)
 from tf_mergecomp.search.candidates import best_layouts
+from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
 from tf_mergecomp.grouping import balanced_splits, layerwise_splits
@@ -102,8 +54,6 @@ from tf_mergecomp.grouping import balanced_splits, layerwise_splits
 FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
-# One group: timed in every confirm round, the yardstick of the others.
-REFERENCE = ()
 # Codec assignments of one layout evaluated exhaustively up to this many,
 # else group by group from the cheapest codec of each.
 ASSIGNMENTS_LIMIT = 4096
@@ -253,7 +203,7 @@ class PartitionSearchAlgorithm:
         what the choice is made on."""
         values = {}
         for measured in self.rounds_measured:
-            for layout, ratio in _relative_to_reference(measured).items():
+            for layout, ratio in summary.relative_to_reference(measured).items():
                 values.setdefault(layout, []).append(ratio)
         return {layout: float(np.median(v)) for layout, v in values.items()}
 
@@ -280,7 +230,7 @@ class PartitionSearchAlgorithm:
         return [measured[layout] for measured in self.rounds_measured if layout in measured]
 
     def relative_rounds_of(self, layout):
-        rounds = [_relative_to_reference(measured) for measured in self.rounds_measured]
+        rounds = [summary.relative_to_reference(measured) for measured in self.rounds_measured]
         return [ratios[layout] for ratios in rounds if layout in ratios]
 
     # --------------------------------------------------------------------- plan
@@ -519,82 +469,8 @@ class PartitionSearchAlgorithm:
 
     # --------------------------------------------------------------- reporting
     def summary(self):
-        """A JSON-able account of the search."""
-        measured = self.measured_seconds()
-        relative = self.relative_seconds()
-
-        def entry(layout):
-            plain = layout == PLAIN_HOROVOD
-            codecs = self.codecs_of(layout)
-            return {"splits": None if plain else list(layout),
-                    "groups": None if plain else len(layout) + 1,
-                    "plain_horovod": plain,
-                    "group_codecs": None if codecs is None else list(codecs),
-                    "predicted_s": self.predictions.get(layout),
-                    "measured_s": measured.get(layout),
-                    "rounds_s": self.rounds_of(layout),
-                    "relative_to_one_group": relative.get(layout),
-                    "dropped_after_round": self.dropped.get(layout)}
-
-        return {
-            "choice": (None if self.choice is None else self.choice
-                       if self.choice == PLAIN_HOROVOD else list(self.choice)),
-            "choice_group_codecs": (None if self.choice is None or self.codecs_of(self.choice)
-                                    is None else list(self.codecs_of(self.choice))),
-            "leader": (None if self.leader is None else self.leader
-                       if self.leader == PLAIN_HOROVOD else list(self.leader)),
-            "codecs": None if self.codecs is None else list(self.codecs),
-            "extra_rounds": self.extra_rounds,
-            "standard_errors": self.standard_errors,
-            "candidates": [entry(layout) for layout in self.candidates],
-            "predictions": [{"splits": list(l), "groups": len(l) + 1, "predicted_s": s,
-                             "group_codecs": (None if self.codecs_of(l) is None
-                                              else list(self.codecs_of(l)))}
-                            for l, s in sorted(self.predictions.items(), key=lambda x: x[1])],
-            "profile_step_s": None if self.profile is None else self.profile.seconds,
-            "ready_s": None if self.ready is None else [float(r) for r in self.ready],
-            "costs": (None if self.model is None
-                      else self.model.costs.fitted.describe()),
-            "probed_groups": len(self.probed),
-            "model": None if self.model is None else {
-                "tail_s": self.model.tail, "codec_on_compute": self.codec_on_compute,
-                "decodes_after_backprop": self.decodes_after_backprop},
-            "notes": list(self.notes),
-        }
-
-
-def mean_log_ratio(ratios, standard_errors=2.0):
-    """(mean, half width) of the logs of ``ratios``: their mean and
-    ``standard_errors`` standard errors of it (infinite from fewer than two)."""
-    logs = np.log(np.asarray(ratios, dtype=np.float64))
-    if len(logs) == 0:
-        return 0.0, math.inf
-    if len(logs) < 2:
-        return float(logs[0]), math.inf
-    spread = float(np.std(logs, ddof=1)) / math.sqrt(len(logs))
-    return float(np.mean(logs)), standard_errors * spread
-
-
-def _relative_to_reference(measured):
-    """One confirm round's times over one group's in that round; {} before one group's turn
-    (times are positive: _confirm checks them)."""
-    reference = measured.get(REFERENCE)
-    if reference is None:
-        return {}
-    return {layout: seconds / reference for layout, seconds in measured.items()}
-
-
-def fill_ready(ready, sizes):
-    """Ready times with the gaps (gradients the profile did not see) filled
-    from their neighbours, made non-decreasing (jitter averaged, not maxed)."""
-    ready = np.asarray(ready, dtype=np.float64)
-    seen = np.isfinite(ready)
-    if not seen.any():
-        return np.zeros(len(ready))
-    if not seen.all():
-        index = np.arange(len(ready))
-        ready = np.interp(index, index[seen], ready[seen])
-    return step_model.monotone_fit(np.maximum(ready, 0.0))
+        """A JSON-able account of the search (tf_mergecomp/search/summary.py)."""
+        return summary.summary(self)
 
 
 def _groups(layout, n):

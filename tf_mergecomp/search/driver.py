@@ -1,8 +1,7 @@
 """Runs MergeComp's partition search from a training loop, one step at a time.
 
 ``PartitionSearchDriver`` answers the requests of the framework-free search
-(tf_mergecomp/search/algorithm.py: explore with a step-time model, confirm by
-interleaved training steps) from the training itself. The Keras callback
+(tf_mergecomp/search/algorithm.py) from the training itself. The Keras callback
 (tf_mergecomp/callback.py) wraps it; custom loops with
 ``hvd.DistributedGradientTape`` use it directly:
 
@@ -14,62 +13,15 @@ interleaved training steps) from the training itself. The Keras callback
         search.after_step(loss)          # waits for ``loss``, then times the step
     search.finish()                      # if training ended before the search
 
-What the search costs, step by step (defaults in brackets):
-
-- step 1 traces the train step with one group; the engine notes which op
-  produces each gradient (``recorder.GradientOps``);
-- ``warmup_steps`` [2] steps are discarded, then ``profiled_steps`` [4] run
-  under TensorFlow's profiler (when each gradient is ready) and as many
-  without it (the step's time, to which the ready times are scaled);
-- between two steps, the exchange probe times single groups of a few
-  layouts on tensors of the gradient shapes (no model trace; about a second
-  of tracing per layout), and the finalists are predicted;
-- confirm: the sentinels (one group, reusing the function of step 1;
-  layer-wise) and the ``finalists`` [3] first train one untimed turn each
-  (a trace, then ``warmup_steps`` discarded steps: so no timed turn follows
-  a trace), then ``rounds`` [4] timed rounds over them. Each candidate keeps
-  its own traced train step; every timed turn costs one discarded switch
-  step. Each turn times ``steps_per_candidate`` [3] steps (more
-  where ``min_turn_seconds`` asks for longer turns); their median, averaged
-  over the workers, is the candidate's time in that round, and its ratio to
-  one group's time in the same round is what the choice is made on (one
-  group is timed in every round: the steps of a process drift over its
-  life, and a ratio within a round cancels that);
-- at each switch of candidate and once the partition is fixed, Horovod is
-  restarted (``restart_horovod``; about 0.1 s with 2 ranks on one host) so
-  that its response cache holds only the collectives of the candidate that
-  trains next: the cache keeps every collective name it has run and
-  coordinates all of them in every background cycle, which made the steps
-  timed after layer-wise, and the training after the search, 19-36%
-  slower (ResNet50, 2 ranks on 2 cores).
-
-So the train step is traced at most 2 + finalists times (5 by default: the
-first trace of a Keras train function also creates the optimizer's variables,
-for which TensorFlow traces it twice), and a search takes about
-1 + 2 + 4 + 4 + (5 + 4 x 2) + 4 x 5 x (1 + 3) = 104 steps, fewer when clear losers are
-dropped after the second round (one group never is), up to 4 x 2 x (1 + 3) = 32 more
-when the leader's gain over one group is not resolved after the rounds (then
-extra rounds time the two alone; one group is kept if they do not resolve
-it). The decision (and every answer) is averaged
-over the workers, so all workers take the same path. Rank 0 logs each phase
-and, at the end, the choice next to the sentinels and what the search cost
-(traces, steps, seconds).
-
-Keras' last step of an epoch can be a smaller batch, which re-traces the
-function it runs; during the search such steps run on the one-group function
-and are not timed (the callback marks them).
-
-With ``save_path``, the result is written as JSON (model fingerprint, world
-size, compressor and memory with their parameters, partition, the search's
-predictions and measurements, its cost); a later run whose fingerprint,
-world size and compression match loads it and skips the search; any mismatch
-is reported and the search runs again. A ``save_path`` that cannot be written
-fails before the first step, on every rank. With ``save_path`` or ``log_dir``,
-rank 0 also draws the search as a PNG (tf_mergecomp/search/report.py); with
-``log_dir``, it writes TensorBoard scalars of the candidates.
+What the search costs step by step (traces, discarded and timed steps, Horovod restarts
+between candidates), and the saved file, are in docs/search.md. Every answer is averaged
+over the workers, so all take the same path; rank 0 logs each phase and what the search
+cost. Keras' smaller last batch of an epoch runs on the one-group function, untimed.
+With ``save_path``, the result is saved and reused (tf_mergecomp/search/store.py); a
+``save_path`` that cannot be written fails before the first step, on every rank.
 """
 
-import json
+
 import os
 import time
 
@@ -78,13 +30,15 @@ import tensorflow as tf
 
 from tf_mergecomp import communication
 from tf_mergecomp import grouping
-from tf_mergecomp._validation import check_in_interval, check_int
 from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
 from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
-from tf_mergecomp.search.report import STEPS_ASIDE, SearchReport, describe
+from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
+from tf_mergecomp.search import measure, store
+from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
+    MAX_TURN_FACTOR, check_settings, steps_per_turn)
 from tf_mergecomp.search.store import PartitionStore
 
 
@@ -131,35 +85,10 @@ class PartitionSearchDriver:
                  log_dir=None, codec_on_compute=None, decodes_after_backprop=None,
                  min_turn_seconds=0.0, restart_horovod=True, plain_codecs=("none",),
                  **search_options):
-        from tf_mergecomp.mergecomp import MergeComp
-
-        if not isinstance(compression, MergeComp):
-            raise ValueError("compression must be a tf_mergecomp.MergeComp, got %r" % (compression,))
-        for name, value, minimum in (("max_groups", max_groups, 1),
-                                     ("steps_per_candidate", steps_per_candidate, 1),
-                                     ("rounds", rounds, 1), ("finalists", finalists, 0),
-                                     ("warmup_steps", warmup_steps, 0),
-                                     ("profiled_steps", profiled_steps, 1),
-                                     ("probe_repeats", probe_repeats, 1)):
-            check_int(name, value, minimum)
-        for name, value in (("verbose", verbose), ("restart_horovod", restart_horovod)):
-            if value not in (0, 1, True, False):
-                raise ValueError("%s must be 0 or 1, got %r" % (name, value))
-        check_in_interval("min_turn_seconds", min_turn_seconds, "[0, inf)")
-        from tf_mergecomp.plain_groups import PLAIN_CODECS
-
-        if (isinstance(plain_codecs, str) or not plain_codecs
-                or any(c not in PLAIN_CODECS for c in plain_codecs)
-                or len(set(plain_codecs)) != len(plain_codecs)):
-            raise ValueError("plain_codecs must be distinct names among %s, got %r"
-                             % (", ".join(PLAIN_CODECS), plain_codecs))
+        check_settings(compression, max_groups, steps_per_candidate, rounds, finalists,
+                       warmup_steps, profiled_steps, probe_repeats, save_path, verbose,
+                       min_turn_seconds, restart_horovod, plain_codecs, search_options)
         self.plain_codecs = tuple(plain_codecs)
-        if save_path is not None and not isinstance(save_path, (str, os.PathLike)):
-            raise ValueError("save_path must be a path or None, got %r" % (save_path,))
-        unknown = set(search_options) - _ALGORITHM_OPTIONS
-        if unknown:
-            raise ValueError("unknown search options %s; valid: %s"
-                             % (sorted(unknown), ", ".join(sorted(_ALGORITHM_OPTIONS))))
         self.compression = compression
         self.max_groups = max_groups
         self.steps_per_candidate = steps_per_candidate
@@ -197,6 +126,7 @@ class PartitionSearchDriver:
         self.final_collectives_per_step = None
         self.profile_note = None
         self._phase = "first_step"
+        self._noise = SearchNoise()
         self._plan = None
         self._role = None
         self._started = None
@@ -300,6 +230,7 @@ class PartitionSearchDriver:
         self.restart_blocker = self._why_not_restart()
         self._activate((), fresh=True, restart=False)
         self._phase = "searching"
+        self._noise.install()
         self._role = "first"
         self._plan = self._steps()
         next(self._plan)
@@ -341,9 +272,9 @@ class PartitionSearchDriver:
         request = self.algorithm.start()
         while request is not None:
             if request.kind == "profile":
-                answer = yield from self._profile()
+                answer = yield from measure.profile(self)
             elif request.kind == "probe":
-                answer = self._probe_layouts(request.layouts, request.codec)
+                answer = measure.probe_layouts(self, request.layouts, request.codec)
             elif request.kind == "warm":
                 self.report.finalists(self.algorithm, self.compression.num_tensors, self.rounds)
                 answer = yield from self._warm(request.layouts)
@@ -354,63 +285,6 @@ class PartitionSearchDriver:
                 self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds)
         self.report.rounds(self.algorithm, self.compression.num_tensors, self.rounds, final=True)
         self._conclude(self.algorithm.choice, save=True)
-
-    def _profile(self):
-        for _ in range(self.warmup_steps):
-            yield "discard"
-        self._profiler = recorder.StepProfiler()
-        if not self._profiler.start():
-            self.profile_note = self._profiler.error
-        for _ in range(self.profiled_steps):
-            yield "profiled"
-        profiled = self._profiler.stop(self._producers.producers)
-        self._profiler = None
-        # The profiler slows every op down: the same number of steps without
-        # it give the step's real time, and the ready times are scaled to it.
-        plain = []
-        for _ in range(self.profiled_steps):
-            plain.append((yield "timed"))
-        n = self.compression.num_tensors
-        plain = float(np.median(plain))
-        if profiled:
-            ready = np.nanmedian(np.stack([p.ready for p in profiled]), axis=0) \
-                if any(np.isfinite(p.ready).any() for p in profiled) else np.full(n, np.nan)
-            under_profiler = float(np.median([p.seconds for p in profiled]))
-            unseen = int(np.isnan(ready).sum())
-            if unseen:
-                self.profile_note = "%d of %d gradients not seen in the profile" % (unseen, n)
-        else:
-            ready, under_profiler = np.full(n, np.nan), plain
-            self.profile_note = self.profile_note or "no profile"
-        ready = self._values.mean_of_finite(ready, "ready")
-        under_profiler = float(self._values.average(under_profiler, "seconds"))
-        plain = float(self._values.average(plain, "seconds"))
-        self.turn_steps = steps_per_turn(plain, self.steps_per_candidate, self.min_turn_seconds)
-        ready = ready * (plain / under_profiler if under_profiler > 0 else 1.0)
-        seen = ready[np.isfinite(ready)]
-        self.report.log("profiled one group over %d steps (%.1f ms/step, %.1f under the profiler): "
-                  "gradients ready from %s to %s ms%s" % (
-                      self.profiled_steps, 1e3 * plain, 1e3 * under_profiler,
-                      "%.1f" % (1e3 * seen.min()) if seen.size else "?",
-                      "%.1f" % (1e3 * seen.max()) if seen.size else "?",
-                      " (%s)" % self.profile_note if self.profile_note else ""))
-        if self.turn_steps != self.steps_per_candidate:
-            self.report.log("confirm turns of %d timed steps (at least %.2f s each)" % (
-                self.turn_steps, self.min_turn_seconds))
-        return search_requests.ProfileResult(plain, ready)
-
-    def _probe_layouts(self, layouts, codec=None):
-        started = time.perf_counter()
-        if self._probe is None:
-            self._probe = recorder.ExchangeProbe(self.compression)
-        answers = []
-        for layout in layouts:
-            samples = self._probe.run(layout, repeats=self.probe_repeats, codec=codec)
-            answers.append(self._combine_probe(samples))
-        self.report.log("probed %d groups of %d layouts alone%s in %.1f s" % (
-            sum(len(a) for a in answers), len(layouts),
-            "" if codec is None else " with %s" % codec, time.perf_counter() - started))
-        return answers
 
     def searched_codecs(self):
         """The codecs the search chooses from per group: the compressor and
@@ -518,6 +392,7 @@ class PartitionSearchDriver:
         self._activate(choice)
         self.train_functions.keep_only(choice)
         self._phase = "done"
+        self._noise.remove()
         self._role = None
         self._switch_back = False
         self.cost["seconds"] = time.perf_counter() - self._started
@@ -534,7 +409,7 @@ class PartitionSearchDriver:
         self.report.choice(self.algorithm, choice, self.compression.num_tensors, self.cost)
         self.report.tensorboard(self.algorithm, self.history, choice)
         if save and self.store is not None:
-            if self.store.save(self._identity(), self._record(choice)):
+            if self.store.save(store.identity(self.compression), store.record(self, choice)):
                 self.report.log("saved the partition to %s" % self.save_path)
         self.plot_path = self.report.plot(self.algorithm, choice, self.save_path)
 
@@ -576,17 +451,6 @@ class PartitionSearchDriver:
         return int(self.compression.collectives_executed.numpy())
 
     # ------------------------------------------------------- ranks and files
-    def _combine_probe(self, samples):
-        """[groups, 3] from every rank's [repeats, groups, 3]: encode and decode
-        averaged over the ranks, the collective the least over the ranks (the
-        last rank to arrive waits for no one: its time is the transfer's), then
-        the median over the repeats."""
-        encode_decode = self._values.average(samples, "probe_codec")
-        collective = self._values.minimum(samples[:, :, 1], "probe_collective")
-        combined = np.array(encode_decode)
-        combined[:, :, 1] = collective
-        return np.median(combined, axis=0)
-
     def check_save_path(self):
         """Fails on every rank, before training, when rank 0 cannot write
         ``save_path`` (every rank must call it). Runs once."""
@@ -597,59 +461,7 @@ class PartitionSearchDriver:
         """(saved splits or None, why a search is needed), the same on every rank."""
         if self.store is None:
             return None, None
-        return self.store.load(self._identity(), self.compression.num_tensors)
-
-    def _identity(self):
-        description = dict(self.compression.describe())
-        for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
-            description.pop(chosen, None)
-        return {
-            "model_fingerprint": self.compression.model_fingerprint(),
-            "world_size": communication.world_size(),
-            "compression": json.loads(json.dumps(description)),
-        }
-
-    def _record(self, choice):
-        """What the saved file holds beside the identity."""
-        measured = self.algorithm.measured_seconds()
-        plain = choice == search_requests.PLAIN_HOROVOD
-        codecs = self.codecs_of(choice)
-        return {
-            "partition": [] if plain else list(choice),
-            "num_groups": None if plain else len(choice) + 1,
-            "group_codecs": None if codecs is None else list(codecs),
-            "plain_horovod": plain,
-            "seconds_per_step": measured.get(tuple(choice)),
-            "tensor_sizes": self.compression.tensor_sizes,
-            "cost": dict(self.cost),
-            "settings": {"max_groups": self.max_groups, "rounds": self.rounds,
-                         "finalists": self.finalists,
-                         "steps_per_candidate": self.steps_per_candidate,
-                         "min_turn_seconds": self.min_turn_seconds,
-                         "turn_steps": self.turn_steps,
-                         "warmup_steps": self.warmup_steps,
-                         "profiled_steps": self.profiled_steps,
-                         "resolve_rounds": self.algorithm.resolve_rounds,
-                         "standard_errors": self.algorithm.standard_errors},
-            "search": self.algorithm.summary(),
-        }
-
-
-_ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
-# Where min_turn_seconds asks for more steps per turn, at most this many times
-# steps_per_candidate: on 25 ms steps, 20-step turns are what brings the
-# turn-to-turn spread down (docs/benchmarks.md, "Two speeds on two cores").
-MAX_TURN_FACTOR = 10
-
-
-def steps_per_turn(step_seconds, steps_per_candidate, min_turn_seconds):
-    """Timed steps of a confirm turn: ``steps_per_candidate``, or as many more
-    as make the turn last ``min_turn_seconds`` at ``step_seconds`` a step, at
-    most ``MAX_TURN_FACTOR`` times ``steps_per_candidate``."""
-    if min_turn_seconds <= 0 or not step_seconds > 0:
-        return steps_per_candidate
-    wanted = int(np.ceil(min_turn_seconds / step_seconds))
-    return int(min(MAX_TURN_FACTOR * steps_per_candidate, max(steps_per_candidate, wanted)))
+        return self.store.load(store.identity(self.compression), self.compression.num_tensors)
 
 
 def _wait_for(value):

@@ -14,6 +14,7 @@ partition as a star. When plain Horovod is chosen, the log says
 ``STEPS_ASIDE``.
 """
 
+import logging
 import os
 
 import numpy as np
@@ -23,6 +24,25 @@ from tf_mergecomp.search.requests import PLAIN_HOROVOD
 
 PLOT_NAME = "mergecomp_search.png"
 STEPS_ASIDE = "plain Horovod is fastest here: MergeComp steps aside"
+
+
+class SearchNoise(logging.Filter):
+    """Keeps out of TensorFlow's log, while a search runs (``install``, ``remove``), the
+    warnings the search causes on purpose: tf.function retracing (one trace per
+    candidate) and Keras' slow ``on_train_batch_end`` (the profiled steps wait for every
+    gradient). The search's own summary says what they cost."""
+
+    MESSAGES = ("triggered tf.function retracing", "is slow compared to the batch time")
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not any(text in message for text in self.MESSAGES)
+
+    def install(self):
+        logging.getLogger("tensorflow").addFilter(self)
+
+    def remove(self):
+        logging.getLogger("tensorflow").removeFilter(self)
 
 
 class SearchReport:

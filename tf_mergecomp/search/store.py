@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from tf_mergecomp import communication
+from tf_mergecomp.search.requests import PLAIN_HOROVOD
 
 FILE_FORMAT = "tf_mergecomp.partition_search/3"
 
@@ -132,3 +133,41 @@ def jsonable(value):
     if isinstance(value, tuple):
         return list(value)
     raise TypeError("not JSON-able: %r" % (value,))
+
+
+def identity(compression):
+    """What a saved partition was searched for: model fingerprint, world size, compression."""
+    description = dict(compression.describe())
+    for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
+        description.pop(chosen, None)
+    return {
+        "model_fingerprint": compression.model_fingerprint(),
+        "world_size": communication.world_size(),
+        "compression": json.loads(json.dumps(description)),
+    }
+
+
+def record(driver, choice):
+    """What the saved file holds beside the identity (``driver``: the PartitionSearchDriver)."""
+    measured = driver.algorithm.measured_seconds()
+    plain = choice == PLAIN_HOROVOD
+    codecs = driver.codecs_of(choice)
+    return {
+        "partition": [] if plain else list(choice),
+        "num_groups": None if plain else len(choice) + 1,
+        "group_codecs": None if codecs is None else list(codecs),
+        "plain_horovod": plain,
+        "seconds_per_step": measured.get(tuple(choice)),
+        "tensor_sizes": driver.compression.tensor_sizes,
+        "cost": dict(driver.cost),
+        "settings": {"max_groups": driver.max_groups, "rounds": driver.rounds,
+                     "finalists": driver.finalists,
+                     "steps_per_candidate": driver.steps_per_candidate,
+                     "min_turn_seconds": driver.min_turn_seconds,
+                     "turn_steps": driver.turn_steps,
+                     "warmup_steps": driver.warmup_steps,
+                     "profiled_steps": driver.profiled_steps,
+                     "resolve_rounds": driver.algorithm.resolve_rounds,
+                     "standard_errors": driver.algorithm.standard_errors},
+        "search": driver.algorithm.summary(),
+    }
