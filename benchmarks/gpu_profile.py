@@ -1,7 +1,7 @@
 """A GPU profile for the simulator from `make gpu-check`'s measured codec costs.
 
     python -m benchmarks.gpu_profile GPU_CODECS_JSON \
-        [--base docs/profiles/resnet50_2xv100_paper.json] [--out P.json]
+        [--base docs/profiles/resnet50_2xv100_paper.json] [--step-ms MS] [--out P.json]
 
 `make gpu-check` (gpu_check/bench.py) times, on a GPU, each codec's group
 launchers over the gradient shapes of ResNet50 and BERT-base, as one group
@@ -15,7 +15,9 @@ four measurements of a codec (2 models x 2 modes).
 The profile takes everything else (the model's tensors and ready times, the
 compute step, placement, Horovod, networks) from ``--base``, by default the
 profile of the paper's setting built from published figures; only the codecs
-that gpu-check measured get their costs replaced. ``source`` says both:
+that gpu-check measured get their costs replaced; ``--step-ms`` scales the
+base's compute (forward, backward, optimizer and every ready time, by one
+factor) to the device's own step of the model. ``source`` says both:
 which device measured the codecs, and where the rest comes from. PowerSGD is
 not timed by gpu-check's benchmark (its launchers are only checked against the
 CPU's outputs), so it keeps the base profile's figures, as the notes say.
@@ -76,13 +78,37 @@ def codec_fits(report):
     return fits
 
 
-def build(report, base, report_path="gpu_codecs.json"):
-    """The base profile with the codec costs gpu-check measured."""
+def scale_compute(profile, step_s):
+    """``profile``'s compute scaled to a local step of ``step_s`` seconds: the forward,
+    backward and optimizer times and every gradient's ready time by one factor, so
+    that backprop keeps its shape (a device that runs the same model faster)."""
+    if not step_s > 0:
+        raise ValueError("the step must be positive seconds, got %r" % (step_s,))
+    compute = profile["compute"]
+    factor = step_s / float(compute["step_s"])
+    for key in ("forward_s", "backward_s", "optimizer_s", "step_s", "tail_s"):
+        if key in compute:
+            compute[key] = float(compute[key]) * factor
+    compute["ready_s"] = [float(t) * factor for t in compute["ready_s"]]
+    return factor
+
+
+def build(report, base, report_path="gpu_codecs.json", step_s=None, step_source=None):
+    """The base profile with the codec costs gpu-check measured; with ``step_s``, its
+    compute scaled to that local step (``scale_compute``; ``step_source`` says where
+    the step comes from)."""
     from benchmarks import profile as profile_module
 
     profile_module.validate(base)
     fits = codec_fits(report)
     profile = copy.deepcopy(base)
+    if step_s is not None:
+        factor = scale_compute(profile, step_s)
+        profile.setdefault("notes", [])
+        profile["notes"] = list(profile["notes"]) + [
+            "compute: the base profile's forward, backward, optimizer and ready times scaled "
+            "by %.4f to a %.1f ms step (%s)." % (factor, 1e3 * step_s,
+                                                 step_source or "given with --step-ms")]
     measured = [c for c in fits if c in profile["codecs"]]
     if not measured:
         raise ValueError("the report's codecs (%s) are none of the base profile's (%s)"
@@ -95,8 +121,11 @@ def build(report, base, report_path="gpu_codecs.json"):
         entry["measured"] = {"device": device, "points": fits[codec]["points"],
                              "max_relative_error": fits[codec]["max_relative_error"]}
     kept = [c for c in profile["codecs"] if c not in measured]
-    profile["source"] = ("codec costs measured by make gpu-check on %s (%s); everything else "
-                         "from: %s" % (device, os.path.basename(report_path), base["source"]))
+    profile["source"] = ("codec costs measured by make gpu-check on %s (%s)%s; everything else "
+                         "from: %s" % (device, os.path.basename(report_path),
+                                       "" if step_s is None else "; step %.1f ms (%s)" % (
+                                           1e3 * step_s, step_source or "--step-ms"),
+                                       base["source"]))
     profile["gpu_check"] = {"device": device, "report": os.path.basename(report_path),
                             "copy": report.get("copy", {}), "measured_codecs": measured,
                             "codecs_from_base": kept}
@@ -115,12 +144,19 @@ def main(argv=None):
     parser.add_argument("--base", default=DEFAULT_BASE,
                         help="the profile whose model, compute and networks are kept "
                              "(default %s)" % DEFAULT_BASE)
+    parser.add_argument("--step-ms", type=float, default=None,
+                        help="scale the base profile's compute to this local step (the "
+                             "device's own step of the model), keeping backprop's shape")
+    parser.add_argument("--step-source", default=None,
+                        help="where --step-ms comes from, for the profile's source and notes")
     parser.add_argument("--out", default=os.path.join("bench_results", "profile_gpu.json"))
     args = parser.parse_args(argv)
     from benchmarks import profile as profile_module
 
     try:
-        result = build(load_report(args.report), profile_module.load(args.base), args.report)
+        result = build(load_report(args.report), profile_module.load(args.base), args.report,
+                       step_s=None if args.step_ms is None else args.step_ms / 1e3,
+                       step_source=args.step_source)
     except ValueError as error:
         parser.error(str(error))
     profile_module.save(result, args.out)

@@ -700,3 +700,138 @@ def test_fp16_groups_join_the_per_group_search_where_the_profile_has_fp16():
     assert "fp16" in used
     verdict = simulate_bench.per_group_verdict(result, simulate_bench.PER_GROUP_FP16)
     assert verdict["count"] == 4 * (len(result["codecs"]) - 1)
+
+
+# ---- machines of several ranks (benchmarks/machines.py) ------------------------------------
+
+def test_two_level_with_one_rank_per_machine_is_the_flat_reduce():
+    from benchmarks import machines as machines_bench
+
+    profile = tiny_profile()
+    simulation = simulate.Simulation(profile)
+    cluster = machines_bench.Machines(4, 1, 100e9, 5e-6, 1.25e9, 25e-6)
+    lo, hi = np.array([0, 3, 7]), np.array([3, 7, 12])
+    for name in ("efsignsgd", "fp16", "none", "topk"):
+        codec = profile["codecs"][name]
+        two = machines_bench.TwoLevelGroupCosts(
+            simulation.codec_fit(name), simulation.wire(name), codec["collective_op"], cluster,
+            decode_rows=codec["collective_op"] == "allgather", whole_group_codec=name == "fp16")
+        flat = simulation.codec_costs(name, cluster.flat)
+        for a, b in zip(two(lo, hi), flat(lo, hi)):
+            np.testing.assert_allclose(a, b, rtol=1e-12)
+    rows = machines_bench.MachineSimulation(profile).run_cell(cluster, ["efsignsgd"])
+    assert rows["efsignsgd two-level"]["step_s"] == pytest.approx(rows["efsignsgd flat"]["step_s"])
+    assert rows["horovod hierarchical fp32"]["step_s"] == pytest.approx(
+        rows["horovod fp32"]["step_s"])
+
+
+def test_two_level_costs_computed_by_hand():
+    """One tensor of 8e6 elements, 4 machines of 8 ranks: the shard is 1e6
+    elements, sent to 3 machines at 1/8 of the link, decoded from 4 rows; the
+    reduce-scatter and allgather inside move 7/8 of 32 MB each."""
+    from benchmarks import machines as machines_bench
+
+    sizes = [8_000_000]
+    fit = LinearGroupCosts(sizes, [[1e-5, 2e-9, 3e-6], [4e-5, 0.0, 0.0], [5e-6, 1e-9, 2e-6]])
+    wire = WireBytes(sizes, fixed=4, per_element=0.125)
+    cluster = machines_bench.Machines(4, 8, 100e9, 5e-6, 1.25e9, 25e-6)
+    encode, collective, decode = machines_bench.TwoLevelGroupCosts(
+        fit, wire, "allgather", cluster, decode_rows=True)(np.array([0]), np.array([1]))
+    assert encode[0] == pytest.approx(1e-5 + 2e-9 * 1e6 + 3e-6)
+    intra = 7 / 8 * 32e6 / 100e9 + 7 * 5e-6
+    cross = 3 * (4 + 0.125e6) / (1.25e9 / 8) + 3 * 25e-6
+    assert collective[0] == pytest.approx(4e-5 + cross + 2 * intra)
+    assert decode[0] == pytest.approx(5e-6 + 4 * 1e-9 * 1e6 + 2e-6)
+    # Horovod's hierarchical allreduce of 32 MB: inside, then 4 MB shards across
+    hierarchical = machines_bench.HierarchicalNetwork(cluster).collective("allreduce", 32e6)
+    assert hierarchical == pytest.approx(
+        2 * intra + 2 * 3 / 4 * 4e6 / (1.25e9 / 8) + 2 * 3 * 25e-6)
+    with pytest.raises(ValueError, match="allreduce"):
+        machines_bench.HierarchicalNetwork(cluster).collective("allgather", 1e6)
+
+
+def test_intra_presets_and_rates():
+    from benchmarks import machines as machines_bench
+
+    assert machines_bench.parse_intra("nvlink4")[1] == pytest.approx(360e9)
+    assert machines_bench.parse_intra("100GB/s")[1] == pytest.approx(100e9)
+    with pytest.raises(ValueError, match="nvlink4"):
+        machines_bench.parse_intra("warp drive")
+    with pytest.raises(ValueError):
+        machines_bench.Machines(0, 8, 1e9, 0, 1e9, 0)
+
+
+def _tiny_machines_grid():
+    from benchmarks import machines as machines_bench
+
+    profile = tiny_profile()
+    return profile, machines_bench.simulate_machines(
+        profile, [2, 16], 4, ["1gbit", "100gbit"], intra="pcie3",
+        codecs=["efsignsgd", "fp16"], log=lambda *_: None)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 43's target is not met yet: where Horovod's "
+                   "hierarchical fp32 (fused per cycle) is best, the search's <= 4 two-level "
+                   "plain groups and its flat-Horovod sentinel stay 1-4% behind it")
+def test_the_level_search_on_a_grid_is_within_1pct_of_the_best():
+    """4 ranks per machine over PCIe, 2 and 16 machines, 1 and 100 Gbit/s: the
+    searched choice (level + partition + codec per group) is within 1% of the best
+    of the flat search, the two-level search and Horovod's four configs in every cell."""
+    from benchmarks import machines as machines_bench
+
+    _, result = _tiny_machines_grid()
+    check = machines_bench.verdict(result)
+    assert check["count"] == 8 and check["within_1pct"] == 8, check["missed"]
+
+
+def test_the_level_search_goes_two_level_at_scale_and_its_flat_search_is_simulates():
+    """Its flat search is ``simulate``'s per-group +fp16 search on W ranks; at 16
+    machines on 1 Gbit/s the allgather codec gains by going two-level."""
+    from benchmarks import machines as machines_bench
+
+    profile, result = _tiny_machines_grid()
+    check = machines_bench.verdict(result)
+    assert check["count"] == 8 and check["worst"] < 1.1
+    cells = {(c["bandwidth"], c["machines"]): c["rows"] for c in result["cells"]}
+    slow = cells[("1gbit", 16)]
+    assert slow["efsignsgd searched"]["step_s"] < 0.9 * slow["efsignsgd flat"]["step_s"]
+    assert any(c.endswith("@2") for c in slow["efsignsgd searched"]["group_codecs"] or ())
+    flat = simulate.Simulation(profile).codec_configs(
+        "efsignsgd", NetworkCosts(64, 1.25e8, 25e-6), plain_horovod_s=slow["horovod fp32"][
+            "step_s"])[0]["searched per-group +fp16"]
+    assert slow["efsignsgd flat"]["step_s"] == pytest.approx(flat[1])
+    text = machines_bench.table(result)
+    assert "in %d of 8 (cell, codec) pairs" % check["within_1pct"] in text
+
+
+def test_machines_command_writes_its_table(tmp_path, capsys):
+    from benchmarks import machines as machines_bench
+
+    path = tmp_path / "tiny.json"
+    profile_module.save(tiny_profile(), str(path))
+    assert machines_bench.main(["--profile", str(path), "--machines", "2", "--ranks-per-machine",
+                                "2", "--bandwidth", "1gbit", "--codecs", "topk",
+                                "--out", str(tmp_path / "out"), "--name", "m"]) == 0
+    assert "topk searched" in (tmp_path / "out" / "m.md").read_text()
+    assert (tmp_path / "out" / "m.png").exists()
+    assert machines_bench.main(["--profile", str(path), "--intra", "warp drive"]) == 2
+
+
+def test_a_gpu_profile_scales_the_base_compute_to_the_devices_step():
+    from benchmarks import gpu_profile
+
+    profile = tiny_profile()
+    ready = list(profile["compute"]["ready_s"])
+    factor = gpu_profile.scale_compute(profile, 0.0325)
+    assert factor == pytest.approx(0.5)
+    assert profile["compute"]["step_s"] == pytest.approx(0.0325)
+    np.testing.assert_allclose(profile["compute"]["ready_s"], np.array(ready) * 0.5)
+    with pytest.raises(ValueError):
+        gpu_profile.scale_compute(profile, 0)
+
+
+def test_the_shipped_h200_profile_says_what_was_measured():
+    shipped = profile_module.load(os.path.join(REPO, "docs", "profiles",
+                                               "resnet50_h200_gpu_check.json"))
+    assert "H200" in shipped["source"] and shipped["compute"]["step_s"] == pytest.approx(0.0182)
+    assert "efsignsgd" in shipped["gpu_check"]["measured_codecs"]
