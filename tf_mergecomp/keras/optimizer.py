@@ -103,13 +103,11 @@ class _DistributedMixin:
         _refuse_conditional_apply()
         settings = getattr(self, _HOLDER)
         grads = list(grads)
-        if trainable_variables is not None:
-            variables = list(trainable_variables)
-        else:
-            variables = list(getattr(self, "_trainable_variables", []) or [])
         if any(g is not None for g in grads):
-            grads = list(settings.reduce(grads, variables if len(variables) == len(grads)
-                                         else None))
+            # Without the variables: Horovod's reduce is a tf.function, which
+            # cannot take Keras 3 variables as arguments; the collectives are
+            # named by position, the same on every rank.
+            grads = list(settings.reduce(grads, None))
         return super().apply(grads, trainable_variables)
 
     @property
@@ -257,8 +255,7 @@ def reduce_gradients(grads, variables=None, compression=None, op=None, process_s
     if entry is None or entry[0] is not compression:
         entry = _reduce_functions[key] = (compression, make_reduce_fn(compression, op, process_set))
     grads = list(grads)
-    variables = None if variables is None else list(variables)
-    if variables is not None and len(variables) != len(grads):
+    if variables is not None and len(list(variables)) != len(grads):
         raise ValueError("reduce_gradients got %d gradients and %d variables"
-                         % (len(grads), len(variables)))
-    return list(entry[1](grads, variables))
+                         % (len(grads), len(list(variables))))
+    return list(entry[1](grads, None))

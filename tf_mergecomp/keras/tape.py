@@ -32,8 +32,10 @@ class DistributedGradientTape:
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         flat_sources = tf.nest.flatten(sources)
-        reduced = self._reduce(list(flat_grads),
-                               flat_sources if len(flat_sources) == len(flat_grads) else None)
+        if len(flat_sources) != len(flat_grads):
+            raise ValueError("gradient() returned %d gradients for %d sources"
+                             % (len(flat_grads), len(flat_sources)))
+        reduced = self._reduce(list(flat_grads), None)  # by position: see optimizer.py
         return tf.nest.pack_sequence_as(grads, list(reduced))
 
     def __getattr__(self, name):
