@@ -30,7 +30,7 @@ from tf_mergecomp import MergeComp, compressors  # noqa: E402
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compressor", default="efsignsgd", choices=compressors.NAMES + ["plain"],
+    parser.add_argument("--compressor", default="efsignsgd", choices=list(compressors.NAMES) + ["plain"],
                         help="'plain': Horovod's allreduce, no MergeComp")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
