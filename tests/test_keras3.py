@@ -8,6 +8,7 @@ catches an optimizer that does not average.
 """
 
 import importlib.metadata
+import re
 
 import pytest
 
@@ -91,3 +92,13 @@ def test_partition_search_in_keras3_fit(tmp_path):
     if not r0["steps_aside"]:
         assert r0["final_collectives_per_step"] == r0["groups"] * r0["collectives_per_group"]
     assert "MergeComp search: chose" in output
+
+
+def test_keras3_digits_example_learns():
+    _, output = horovodrun.run("examples/train_digits_keras3.py", args=["--epochs", "3", "--no-search"],
+                               env=KERAS3)
+    accuracy = float(re.search(r"\[0\]<stdout>:test loss [\d.]+, test accuracy ([\d.]+)",
+                               output).group(1))
+    assert accuracy > 0.8, output[-3000:]
+    assert "weights identical on all 2 ranks: yes" in output
+    assert "jit_compile='auto' -> False" in output
