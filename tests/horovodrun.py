@@ -49,7 +49,11 @@ def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elas
                     PYTHONUNBUFFERED="1")
     if importlib.util.find_spec("tf_keras") is not None:  # TensorFlow >= 2.16: Keras 2
         full_env.setdefault("TF_USE_LEGACY_KERAS", "1")
-    full_env.update(env or {})
+    for key, value in (env or {}).items():  # None: leave the variable out
+        if value is None:
+            full_env.pop(key, None)
+        else:
+            full_env[key] = value
     # Its own process group: on a timeout the ranks (horovodrun's children,
     # and an elastic job's later ones) end with it instead of running on.
     process = subprocess.Popen(command, cwd=REPO, env=full_env, stdout=subprocess.PIPE,

@@ -1,0 +1,190 @@
+"""Keras 3 callbacks: the initial broadcast, metric averaging, and the partition search in ``fit``.
+
+``BroadcastGlobalVariablesCallback(root_rank)`` sends rank ``root_rank``'s
+model weights, optimizer variables and MergeComp step to every rank before the
+first step. Keras 3 creates an optimizer's variables lazily (at its first
+``apply``, or when ``fit`` builds the model); the callback builds the
+optimizer first (``optimizer.build(model.trainable_variables)``) where that
+has not happened, so the slots exist when they are sent.
+
+``MetricAverageCallback`` averages the epoch's logs (loss, metrics, validation
+metrics) over the ranks, so that every rank reports the same numbers.
+
+``MergeCompCallback`` runs MergeComp's partition search in ``fit``, as
+tf_mergecomp/callback.py does for Keras 2: one Keras train function per
+candidate partition (``model.make_train_function(force=True)``), swapped into
+``model.train_function``, which Keras 3's ``fit`` looks up at every step.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_mergecomp.keras.optimizer import settle_jit_compile
+from tf_mergecomp.mergecomp import find_mergecomp
+from tf_mergecomp.search.driver import PartitionSearchDriver
+
+
+def _refuse_xla(model):
+    if getattr(model, "jit_compile", False):
+        settle_jit_compile(model, True)  # raises: set to True after compile
+
+
+def broadcast_variables(model, root_rank=0, process_set=None):
+    """Sends rank ``root_rank``'s weights, optimizer variables (built first where
+    they are not yet) and MergeComp step to every rank; call it on every rank."""
+    import horovod.tensorflow as hvd
+
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables)
+    if optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables += list(optimizer.variables)
+        mergecomp = find_mergecomp(optimizer)
+        if mergecomp is not None:
+            variables.append(mergecomp.step)
+    plain = []
+    for variable in variables:
+        if isinstance(variable, keras.Variable):
+            variable = variable._value if hasattr(variable, "_value") else variable.value
+        plain.append(variable)
+    hvd.broadcast_variables(plain, root_rank=root_rank,
+                            process_set=hvd.global_process_set if process_set is None
+                            else process_set)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcasts rank ``root_rank``'s model and optimizer state at the start of training."""
+
+    def __init__(self, root_rank=0, process_set=None):
+        super().__init__()
+        if not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError("root_rank must be a rank (an int >= 0), got %r" % (root_rank,))
+        self.root_rank = root_rank
+        self.process_set = process_set
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        _refuse_xla(self.model)
+        if self.broadcast_done:
+            return
+        broadcast_variables(self.model, self.root_rank, self.process_set)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Averages the numeric entries of each epoch's logs over the ranks (list it
+    before callbacks that read the logs: Keras runs them in order)."""
+
+    def __init__(self, process_set=None):
+        super().__init__()
+        self.process_set = process_set
+
+    def on_epoch_end(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0
+                      and isinstance(np.asarray(v).item(), (int, float)))
+        if not keys:
+            return
+        values = tf.constant([float(logs[k]) for k in keys], tf.float64)
+        averaged = hvd.allreduce(values, op=hvd.Average, name="tf_mergecomp.keras.metrics.%d"
+                                 % len(keys), process_set=hvd.global_process_set
+                                 if self.process_set is None else self.process_set).numpy()
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+class MergeCompCallback(keras.callbacks.Callback):
+    """Searches the fastest partition for ``compression`` while a Keras 3 model trains.
+
+    The arguments are tf_mergecomp.MergeCompCallback's (README, Parameters):
+    ``compression`` (the MergeComp given to ``DistributedOptimizer``),
+    ``steps_per_candidate``, ``max_groups``, ``save_path``, ``verbose``,
+    ``log_dir`` and the ``PartitionSearchDriver`` options.
+    """
+
+    def __init__(self, compression, steps_per_candidate=3, max_groups=4, save_path=None, verbose=1,
+                 log_dir=None, **search_options):
+        super().__init__()
+        self.search = PartitionSearchDriver(
+            compression, steps_per_candidate=steps_per_candidate, max_groups=max_groups,
+            save_path=save_path, verbose=verbose, log_dir=log_dir, **search_options)
+
+    @property
+    def compression(self):
+        return self.search.compression
+
+    @property
+    def done(self):
+        return self.search.done
+
+    def on_train_begin(self, logs=None):
+        _refuse_xla(self.model)
+        if find_mergecomp(self.model) is not self.compression:
+            raise ValueError(
+                "MergeCompCallback's MergeComp is not the one the model's optimizer uses: pass "
+                "the MergeComp given to tf_mergecomp.keras.DistributedOptimizer(compression=...)")
+        if self.search.train_functions is None:
+            self.search.train_functions = Keras3TrainFunctions(self.model, self.search)
+        self.search.check_save_path()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        steps = self.params.get("steps") if self.params else None
+        # An epoch's last batch may be smaller, which traces again: not timed.
+        last_of_epoch = steps is not None and steps > 1 and batch == steps - 1
+        self.search.before_step(timeable=not last_of_epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.search.after_step()
+
+    def on_train_end(self, logs=None):
+        self.search.finish()
+
+
+class Keras3TrainFunctions:
+    """One Keras 3 train function per layout, swapped into ``model.train_function``."""
+
+    def __init__(self, model, driver):
+        self.model = model
+        self.driver = driver
+        self.functions = {}
+        self._tracings = 0
+
+    def use(self, layout, fresh=False):
+        self.driver.apply_layout(layout)
+        if layout in self.functions and not fresh:
+            self.model.train_function = self.functions[layout]
+            return False
+        self.model.make_train_function(force=True)
+        self.functions[layout] = self.model.train_function
+        return True
+
+    def keep_only(self, layout):
+        for other in [l for l in self.functions if l != layout]:
+            self._tracings += tracing_count(self.functions.pop(other))
+
+    def tracings(self):
+        return self._tracings + sum(tracing_count(f) for f in self.functions.values())
+
+
+def tracing_count(train_function):
+    """Traces of a Keras 3 train function: its outer ``tf.function`` (held in the
+    closure of the Python function Keras 3 returns) is traced once per trace of
+    the step."""
+    counter = getattr(train_function, "experimental_get_tracing_count", None)
+    if counter is not None:
+        return int(counter())
+    counts = []
+    for cell in getattr(train_function, "__closure__", None) or ():
+        try:
+            content = cell.cell_contents
+        except ValueError:
+            continue
+        counter = getattr(content, "experimental_get_tracing_count", None)
+        if counter is not None:
+            counts.append(int(counter()))
+    return max(counts) if counts else 0

@@ -1,0 +1,118 @@
+"""MergeComp's state in Keras 3 files, and the per-rank files of docs/checkpoints.md.
+
+A distributed optimizer with a MergeComp carries a ``KerasMergeCompState``
+(``optimizer.mergecomp_state``), which Keras 3 saves as a child of the
+optimizer in ``.keras`` and ``.weights.h5`` files (``model.save``,
+``save_weights``, ``ModelCheckpoint``, ``BackupAndRestore``): MergeComp's
+step, ``state_origin`` (whose state it is: rank and world size) and this
+rank's compression state. A model loaded without this library ignores it.
+
+Loading it follows the per-rank rule of docs/checkpoints.md: the state is
+kept only if, at the first step, every rank holds its own (each rank loaded a
+file it saved itself, in a world of the same size, at the same step);
+otherwise it is reset on every rank with one warning, and every rank takes
+rank 0's step. So rank 0's file loaded everywhere resumes with a reset state;
+a file per rank (``BackupAndRestore`` or ``ModelCheckpoint`` with a per-rank
+path, or ``save_rank_state`` beside rank 0's file) resumes exactly. Load
+before the first training step; a load after it is a collective of all
+ranks. Load into a built optimizer (``model.optimizer.build(
+model.trainable_variables)``), as Keras 3 requires for any optimizer state.
+"""
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from tf_mergecomp import rank_state
+from tf_mergecomp.mergecomp import MergeComp, find_mergecomp
+
+try:
+    from keras.src.saving.keras_saveable import KerasSaveable
+except ImportError:  # a Keras 3 that moved it: no Keras-file saving of the state
+    KerasSaveable = object
+
+_META = "meta"
+
+
+class KerasMergeCompState(KerasSaveable):
+    """Saves and loads one MergeComp's step, origin and this rank's state in Keras files."""
+
+    def __init__(self, mergecomp):
+        self.mergecomp = mergecomp
+
+    def _obj_type(self):
+        # Keras walks a saveable's attributes except a skip set per type; this
+        # type's is empty (set here: clear_session() forgets such settings).
+        from keras.src.backend.common import global_state
+
+        global_state.set_global_attribute("saving_attr_skiplist_MergeCompState", set())
+        return "MergeCompState"
+
+    def save_own_variables(self, store):
+        mc = self.mergecomp
+        state = mc.existing_state_variables() or []
+        meta = {"format": rank_state.FILE_FORMAT, "tensors": len(state),
+                "settings": mc.settings_fingerprint()}
+        store[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        store["step"] = np.array(mc.step.numpy())
+        store["state_origin"] = mc.state_origin.numpy()
+        for i, variable in enumerate(state):
+            store["state_%d" % i] = variable.numpy()
+
+    def load_own_variables(self, store):
+        mc = self.mergecomp
+        meta = json.loads(np.asarray(store[_META], np.uint8).tobytes().decode())
+        step = int(np.asarray(store["step"]))
+        origin = [int(v) for v in np.asarray(store["state_origin"])]
+        arrays = [np.asarray(store["state_%d" % i]) for i in range(meta["tensors"])]
+        with tf.init_scope():
+            mc.step.assign(step)
+            mc.state_origin.assign(origin)
+        saved = rank_state.RankStateFile("the Keras file's MergeComp state", arrays, step,
+                                         origin[0], origin[1], meta["settings"])
+        state = mc.rank_state
+        state.needs_reconcile = True
+        if mc.existing_state_variables() is None:
+            # Created at the first trace, loaded then; the ranks then agree on it.
+            state.load_at_creation = saved if arrays else None
+            return
+        if arrays:
+            state.load(saved)
+        else:
+            mc.reset_state()
+        state.reconcile()
+
+
+def _mergecomp_of(owner):
+    found = find_mergecomp(owner)
+    if isinstance(found, MergeComp):
+        return found
+    raise TypeError("expected a MergeComp, or a Keras 3 optimizer or model compiled with "
+                    "tf_mergecomp.keras.DistributedOptimizer(..., compression=MergeComp(...)); "
+                    "got %r" % (owner,))
+
+
+def save_rank_state(owner, path):
+    """Writes this rank's MergeComp state beside checkpoint ``path``
+    (``<path>.mergecomp-rank<r>-of-<W>``); call it on every rank. ``owner``: a
+    MergeComp, or the model or optimizer using it. Returns the file written."""
+    mc = _mergecomp_of(owner)
+    process_set = mc.rank_state.process_set_or_global()
+    return mc.rank_state.write(path, process_set.rank(), process_set.size())
+
+
+def restore_rank_state(owner, path):
+    """Finds this rank's state beside checkpoint ``path`` (written by
+    ``save_rank_state``); call it on every rank, after loading the checkpoint.
+    Returns the file found, or None (the state is then reset on every rank at
+    the first step, with one warning)."""
+    mc = _mergecomp_of(owner)
+    process_set = mc.rank_state.process_set_or_global()
+    rank, world_size = process_set.rank(), process_set.size()
+    saved = rank_state.read(path, rank, world_size)
+    mc.rank_state.set_restored_file(saved, rank_state.rank_state_path(path, rank, world_size),
+                                    path)
+    if mc.num_tensors is not None:
+        mc.rank_state.reconcile(process_set)
+    return None if saved is None else saved.path
