@@ -1,7 +1,9 @@
 # One-command set-up, training and tests. Every target installs what it needs
 # into the venv first; a second run finds everything in place and takes seconds.
 #
-#   make train        the main job: 2-worker horovodrun training with MergeComp
+#   make train        the main job: 2-worker horovodrun training with MergeComp, on
+#                     TensorFlow 2.21 with Keras 3 (tf_mergecomp.keras); KERAS=2 runs it
+#                     on Keras 2 (tf_keras) through Horovod's Keras wrappers
 #   make test         the test suite
 #   make test-quick   the suite without the tests that start Horovod ranks
 #   make build        rebuild the custom-op library after editing custom_ops/ (one
@@ -25,19 +27,21 @@
 #                     test and source line (docs/gpu.md, "The CUDA emulation"); minutes,
 #                     not part of `make test` or CI; fails while a sanitizer reports
 #
-# Another TensorFlow release (docs/stack.md): add TF_VERSION=2.16 ... 2.21 (a minor
+# Another TensorFlow release (docs/stack.md): add TF_VERSION=2.15 ... 2.21 (a minor
 # release, or a full version such as 2.18.0) to any target. It gets its own venv,
-# .venv-tf<version>, and Keras 2 from tf_keras; the default (TensorFlow 2.15.1) lives
-# in .venv. For 2.19 and later, Horovod 0.28.1's sdist is built with
+# .venv-tf<version>; the default (TensorFlow 2.21.0) lives in .venv. TensorFlow 2.15 is
+# Keras 2 only; from 2.16 tf_keras is installed beside Keras 3, and the suite tests
+# both. For 2.19 and later, Horovod 0.28.1's sdist is built with
 # patches/horovod-0.28.1-tf2.19.patch applied (docs/stack.md, "The Horovod patch").
 #
-#   make test TF_VERSION=2.21
+#   make test TF_VERSION=2.15        the suite on Keras 2 alone, as CI runs it
+#   make train KERAS=2               the main job on Keras 2 (tf_keras)
 
 PYTHON_BOOTSTRAP ?= python3
 HOROVOD_VERSION ?= 0.28.1
 NP ?= 2
 
-DEFAULT_TF_VERSION := 2.15.1
+DEFAULT_TF_VERSION := 2.21.0
 TF_VERSION ?= $(DEFAULT_TF_VERSION)
 # The release a minor version stands for: its newest patch release.
 TF_RELEASE_2.15 := 2.15.1
@@ -54,11 +58,28 @@ TF_PACKAGE ?= tensorflow-cpu==$(TF_FULL_VERSION)
 ifeq ($(filter $(TF_MINOR_VERSION),$(SUPPORTED_TF_MINOR_VERSIONS)),)
 $(warning TensorFlow $(TF_FULL_VERSION) is outside the supported $(firstword $(SUPPORTED_TF_MINOR_VERSIONS)) to $(lastword $(SUPPORTED_TF_MINOR_VERSIONS)); trying anyway)
 endif
-# TensorFlow >= 2.16 ships Keras 3 as tf.keras; Horovod needs Keras 2, which
-# comes from tf_keras (same minor version) with TF_USE_LEGACY_KERAS=1.
+# TensorFlow >= 2.16 ships Keras 3 as tf.keras: KERAS=3 (the default there) trains
+# through tf_mergecomp.keras. KERAS=2 trains through Horovod's Keras wrappers on Keras 2,
+# which TensorFlow <= 2.15 ships and later releases take from tf_keras (same minor
+# version) with TF_USE_LEGACY_KERAS=1. tf_keras is installed with every TensorFlow >= 2.16,
+# so the suite tests both Keras there (tests/conftest.py).
 KERAS_PACKAGE := $(if $(filter 2.12 2.13 2.14 2.15,$(TF_MINOR_VERSION)),,tf-keras~=$(TF_MINOR_VERSION).0)
+KERAS ?= $(if $(KERAS_PACKAGE),3,2)
+ifeq ($(filter 2 3,$(KERAS)),)
+$(error KERAS=$(KERAS): choose KERAS=3 (TensorFlow >= 2.16) or KERAS=2)
+endif
+ifeq ($(KERAS)$(KERAS_PACKAGE),3)
+$(error KERAS=3 needs TensorFlow >= 2.16; TensorFlow $(TF_FULL_VERSION) ships Keras 2: use KERAS=2)
+endif
+ifeq ($(KERAS),2)
 ifneq ($(KERAS_PACKAGE),)
 export TF_USE_LEGACY_KERAS := 1
+endif
+TRAIN_SCRIPT := examples/train_digits.py
+TRAIN_ENV :=
+else
+TRAIN_SCRIPT := examples/train_digits_keras3.py
+TRAIN_ENV := env -u TF_USE_LEGACY_KERAS
 endif
 
 ifeq ($(TF_FULL_VERSION),$(DEFAULT_TF_VERSION))
@@ -129,7 +150,7 @@ build: $(VENV)/.stamp-stack
 	$(PY) setup.py --quiet build_ext --inplace
 
 train: setup build
-	$(VENV)/bin/horovodrun -np $(NP) --gloo $(PY) examples/train_digits.py
+	$(TRAIN_ENV) $(VENV)/bin/horovodrun -np $(NP) --gloo $(PY) $(TRAIN_SCRIPT)
 
 test: setup build
 	$(PY) -m pytest tests -q

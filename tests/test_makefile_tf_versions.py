@@ -69,9 +69,38 @@ def test_the_patch_changes_only_horovods_tensorflow_cmake_file():
     assert added and all(line.startswith("#") for line in added)  # comments only
 
 
-def test_ci_runs_the_newest_supported_version():
+def test_ci_runs_the_default_stack_and_keras_2_alone():
     with open(os.path.join(REPO, "Makefile")) as f:
-        supported = re.search(r"^SUPPORTED_TF_MINOR_VERSIONS := (.*)$", f.read(), re.M).group(1).split()
+        makefile = f.read()
+    supported = re.search(r"^SUPPORTED_TF_MINOR_VERSIONS := (.*)$", makefile, re.M).group(1).split()
+    default = re.search(r"^DEFAULT_TF_VERSION := (\S+)$", makefile, re.M).group(1)
+    assert default.rsplit(".", 1)[0] == supported[-1]  # the default is the newest
     with open(os.path.join(REPO, ".ci", "run")) as f:
         ci = re.findall(r"^make test(?: TF_VERSION=(\S+))?$", f.read(), re.M)
-    assert ci == ["", supported[-1]]
+    assert ci == ["", "2.15"]
+
+
+def _train_dry_run(tmp_path, *args):
+    return subprocess.run(
+        ["make", "-n", "-C", REPO, "train", "VENV=%s" % (tmp_path / "venv")] + list(args),
+        capture_output=True, text=True, env=dict(os.environ, HOME=str(tmp_path)))
+
+
+def test_the_main_job_runs_keras_3_by_default_and_keras_2_on_request(tmp_path):
+    keras3 = _train_dry_run(tmp_path)
+    assert keras3.returncode == 0, keras3.stderr
+    assert "env -u TF_USE_LEGACY_KERAS" in keras3.stdout
+    assert "examples/train_digits_keras3.py" in keras3.stdout
+    for args in (["KERAS=2"], ["TF_VERSION=2.15"]):
+        keras2 = _train_dry_run(tmp_path, *args)
+        assert keras2.returncode == 0, keras2.stderr
+        assert "examples/train_digits.py" in keras2.stdout
+        assert "train_digits_keras3" not in keras2.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["KERAS=4"], "choose KERAS=3"),
+    (["KERAS=3", "TF_VERSION=2.15"], "KERAS=3 needs TensorFlow >= 2.16")])
+def test_a_keras_choice_that_cannot_work_is_refused(tmp_path, args, message):
+    result = _train_dry_run(tmp_path, *args)
+    assert result.returncode != 0 and message in result.stderr
