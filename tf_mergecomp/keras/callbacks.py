@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from tf_mergecomp.keras.optimizer import settle_jit_compile
 from tf_mergecomp.mergecomp import find_mergecomp
-from tf_mergecomp.search.driver import PartitionSearchDriver
+from tf_mergecomp.search.fit import FitSearchHooks
 
 
 def _refuse_xla(model):
@@ -98,7 +98,49 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[key] = float(value)
 
 
-class MergeCompCallback(keras.callbacks.Callback):
+class MergeCompCallback(FitSearchHooks, keras.callbacks.Callback):
+    """Searches the fastest partition for ``compression`` while a Keras 3 model trains.
+
+    The arguments are tf_mergecomp.MergeCompCallback's (README, Parameters):
+    ``compression`` (the MergeComp given to ``DistributedOptimizer``),
+    ``steps_per_candidate``, ``max_groups``, ``save_path``, ``verbose``,
+    ``log_dir`` and the ``PartitionSearchDriver`` options.
+    """
+
+    def on_train_begin(self, logs=None):
+        _refuse_xla(self.model)
+        if self.broadcast_done:
+            return
+        broadcast_variables(self.model, self.root_rank, self.process_set)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Averages the numeric entries of each epoch's logs over the ranks (list it
+    before callbacks that read the logs: Keras runs them in order)."""
+
+    def __init__(self, process_set=None):
+        super().__init__()
+        self.process_set = process_set
+
+    def on_epoch_end(self, epoch, logs=None):
+        import horovod.tensorflow as hvd
+
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0
+                      and isinstance(np.asarray(v).item(), (int, float)))
+        if not keys:
+            return
+        values = tf.constant([float(logs[k]) for k in keys], tf.float64)
+        averaged = hvd.allreduce(values, op=hvd.Average, name="tf_mergecomp.keras.metrics.%d"
+                                 % len(keys), process_set=hvd.global_process_set
+                                 if self.process_set is None else self.process_set).numpy()
+        for key, value in zip(keys, averaged):
+            logs[key] = float(value)
+
+
+class MergeCompCallback(FitSearchHooks, keras.callbacks.Callback):
     """Searches the fastest partition for ``compression`` while a Keras 3 model trains.
 
     The arguments are tf_mergecomp.MergeCompCallback's (README, Parameters):
@@ -113,6 +155,7 @@ class MergeCompCallback(keras.callbacks.Callback):
         self.search = PartitionSearchDriver(
             compression, steps_per_candidate=steps_per_candidate, max_groups=max_groups,
             save_path=save_path, verbose=verbose, log_dir=log_dir, **search_options)
+        self._noise = SearchNoise()
 
     @property
     def compression(self):
@@ -128,63 +171,4 @@ class MergeCompCallback(keras.callbacks.Callback):
             raise ValueError(
                 "MergeCompCallback's MergeComp is not the one the model's optimizer uses: pass "
                 "the MergeComp given to tf_mergecomp.keras.DistributedOptimizer(compression=...)")
-        if self.search.train_functions is None:
-            self.search.train_functions = Keras3TrainFunctions(self.model, self.search)
-        self.search.check_save_path()
-
-    def on_train_batch_begin(self, batch, logs=None):
-        steps = self.params.get("steps") if self.params else None
-        # An epoch's last batch may be smaller, which traces again: not timed.
-        last_of_epoch = steps is not None and steps > 1 and batch == steps - 1
-        self.search.before_step(timeable=not last_of_epoch)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.search.after_step()
-
-    def on_train_end(self, logs=None):
-        self.search.finish()
-
-
-class Keras3TrainFunctions:
-    """One Keras 3 train function per layout, swapped into ``model.train_function``."""
-
-    def __init__(self, model, driver):
-        self.model = model
-        self.driver = driver
-        self.functions = {}
-        self._tracings = 0
-
-    def use(self, layout, fresh=False):
-        self.driver.apply_layout(layout)
-        if layout in self.functions and not fresh:
-            self.model.train_function = self.functions[layout]
-            return False
-        self.model.make_train_function(force=True)
-        self.functions[layout] = self.model.train_function
-        return True
-
-    def keep_only(self, layout):
-        for other in [l for l in self.functions if l != layout]:
-            self._tracings += tracing_count(self.functions.pop(other))
-
-    def tracings(self):
-        return self._tracings + sum(tracing_count(f) for f in self.functions.values())
-
-
-def tracing_count(train_function):
-    """Traces of a Keras 3 train function: its outer ``tf.function`` (held in the
-    closure of the Python function Keras 3 returns) is traced once per trace of
-    the step."""
-    counter = getattr(train_function, "experimental_get_tracing_count", None)
-    if counter is not None:
-        return int(counter())
-    counts = []
-    for cell in getattr(train_function, "__closure__", None) or ():
-        try:
-            content = cell.cell_contents
-        except ValueError:
-            continue
-        counter = getattr(content, "experimental_get_tracing_count", None)
-        if counter is not None:
-            counts.append(int(counter()))
-    return max(counts) if counts else 0
+        self._begin_search(self.model)

@@ -3,8 +3,8 @@
 A layout changes the traced reduce, so each layout's step is its own
 ``tf.function``; ``PartitionSearchDriver.function`` wraps a step in one of
 these and switches them as the search moves between candidates
-(tf_mergecomp/search/driver.py). The Keras callback keeps Keras' own train
-functions instead (tf_mergecomp/callback.py).
+(tf_mergecomp/search/driver.py). In ``fit``, the search keeps Keras' own
+train functions instead (tf_mergecomp/search/fit.py).
 """
 
 import tensorflow as tf
@@ -53,5 +53,17 @@ class LayoutFunctions:
 
 
 def tracing_count(function):
+    """Traces of a ``tf.function``, or of the one a Python function closes over
+    (Keras 3's train function wraps its ``tf.function`` in a Python one)."""
     counter = getattr(function, "experimental_get_tracing_count", None)
-    return int(counter()) if counter is not None else 0
+    if counter is not None:
+        return int(counter())
+    counts = []
+    for cell in getattr(function, "__closure__", None) or ():
+        try:
+            counter = getattr(cell.cell_contents, "experimental_get_tracing_count", None)
+        except ValueError:  # an empty cell
+            continue
+        if counter is not None:
+            counts.append(int(counter()))
+    return max(counts, default=0)
