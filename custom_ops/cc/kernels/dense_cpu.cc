@@ -50,7 +50,8 @@ void DecodeTwoLevel(tensorflow::OpKernelContext* context, const uint8_t* payload
                     const BlockOutput& out) {
   const bool avx2 = CpuHasAvx2();
   const float divisor = static_cast<float>(world_size);
-  ForEachBlock(context, NumBlocks(n), kBlockElements * (2 * world_size + 2), [&](int64_t block) {
+  ForEachOutputBlock(context, out, NumBlocks(n), kBlockElements * (2 * world_size + 2),
+                     [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t count = std::min(kBlockElements, n - begin);
     float* dst = out.Begin(begin, count);

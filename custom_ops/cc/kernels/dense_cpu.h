@@ -58,6 +58,25 @@ inline void ForEachBlock(tensorflow::OpKernelContext* context, int64_t num_block
   });
 }
 
+// ForEachBlock for the second pass of a two-pass encode (after a reduction
+// over the whole group: QSGD's norm, TernGrad's max, the scale that the
+// error-feedback update needs): the blocks are walked from the last to the
+// first, so the pass starts with the blocks the first pass left in cache
+// instead of the ones it evicted first. fn must not depend on the order
+// (element-wise work on its own block); results are the same either way.
+inline void ForEachBlockBackward(tensorflow::OpKernelContext* context, int64_t num_blocks,
+                                 int64_t cost_per_block, const std::function<void(int64_t)>& fn) {
+  if (num_blocks <= 0) return;
+  if (num_blocks == 1) {
+    fn(0);
+    return;
+  }
+  auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(num_blocks, cost_per_block, [&fn, num_blocks](int64_t begin, int64_t end) {
+    for (int64_t shard = end - 1; shard >= begin; --shard) fn(num_blocks - 1 - shard);
+  });
+}
+
 // Calls reduce(begin, count) for every block [begin, begin + count) of
 // [0, n), sharded as ForEachBlock does, and returns the per-block results in
 // block order (for the caller to combine in that order).
@@ -99,7 +118,19 @@ class BlockOutput {
   virtual void Commit(int64_t /*begin*/, int64_t /*count*/, float* /*written*/) const {}
   // All n values in one array when the output is one, else nullptr.
   virtual float* Contiguous() const { return nullptr; }
+  // True when the output is the second pass over data the encode just read
+  // (the error-feedback update): decoders then walk the blocks backward
+  // (ForEachBlockBackward).
+  virtual bool SecondPass() const { return false; }
 };
+
+// ForEachBlock, or ForEachBlockBackward for an output that is a second pass.
+inline void ForEachOutputBlock(tensorflow::OpKernelContext* context, const BlockOutput& output,
+                               int64_t num_blocks, int64_t cost_per_block,
+                               const std::function<void(int64_t)>& fn) {
+  if (output.SecondPass()) return ForEachBlockBackward(context, num_blocks, cost_per_block, fn);
+  ForEachBlock(context, num_blocks, cost_per_block, fn);
+}
 
 class ContiguousInput : public BlockInput {
  public:

@@ -427,6 +427,7 @@ class StateUpdateOutput : public BlockOutput {
       : layout_(layout), compensated_(compensated), memory_(memory), state_(state) {}
 
   float* Begin(int64_t, int64_t) const override { return ThreadBlockBuffer(1); }
+  bool SecondPass() const override { return true; }
 
   void Commit(int64_t begin, int64_t count, float* sent) const override {
     const float* p = compensated_.Block(begin, count);

@@ -172,7 +172,7 @@ void QsgdEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput& in
   const SeedKey key = MakeSeedKey(seed);
   const int bits = QsgdCodeBits(levels);
   uint8_t* codes_out = payload + kQsgdHeaderBytes;
-  ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
+  ForEachBlockBackward(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
     const float* block_input = input.Block(begin, end - begin);
@@ -214,7 +214,8 @@ void QsgdDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* paylo
   std::vector<float> unit(world_size);
   for (int64_t w = 0; w < world_size; ++w) unit[w] = LoadFloat(payload + w * row_bytes) / levels_f;
   const float divisor = static_cast<float>(world_size);
-  ForEachBlock(context, NumBlocks(n), 4 * world_size * kBlockElements, [&](int64_t block) {
+  ForEachOutputBlock(context, output, NumBlocks(n), 4 * world_size * kBlockElements,
+                     [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
     float* block_output = output.Begin(begin, end - begin);

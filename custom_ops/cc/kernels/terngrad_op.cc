@@ -121,7 +121,7 @@ void TerngradEncodeBlocks(tensorflow::OpKernelContext* context, const BlockInput
 
   const SeedKey key = MakeSeedKey(seed);
   uint8_t* packed = payload + kTerngradHeaderBytes;
-  ForEachBlock(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
+  ForEachBlockBackward(context, num_blocks, 40 * kBlockElements, [&](int64_t block) {
     const int64_t begin = block * kBlockElements;
     const int64_t end = std::min(begin + kBlockElements, n);
     const float* block_input = input.Block(begin, end - begin);
@@ -168,7 +168,8 @@ void TerngradDecodeBlocks(tensorflow::OpKernelContext* context, const uint8_t* p
   for (int64_t w = 0; w < world_size; ++w) {
     tables.emplace_back(new TernaryByteTable(LoadFloat(payload + w * row_bytes)));
   }
-  ForEachBlock(context, NumBlocks(n), 2 * world_size * kBlockElements, [&](int64_t block) {
+  ForEachOutputBlock(context, output, NumBlocks(n), 2 * world_size * kBlockElements,
+                     [&](int64_t block) {
     const int64_t begin = block * kBlockElements;  // a multiple of 4: whole code bytes
     const int64_t end = std::min(begin + kBlockElements, n);
     float* block_output = output.Begin(begin, end - begin);
