@@ -104,6 +104,9 @@ def _ops_options(ops):
     ops.add_argument("--group-tensors", type=int, default=64,
                      help="also time each codec's fused group reduction of n split into this "
                           "many tensors (default 64; 0: skip)")
+    ops.add_argument("--tensor-counts", type=_csv(_positive(int)), default=[16, 48, 128, 700],
+                     help="also time one group against layer-wise at these tensor counts of mixed "
+                          "sizes, every algorithm (default 16,48,128,700; '' skips)")
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
 
 
@@ -364,7 +367,7 @@ def main(argv=None):
         from benchmarks import ops
 
         result = ops.run(args.sizes, args.algorithms, budget_s=args.budget,
-                         group_tensors=args.group_tensors)
+                         group_tensors=args.group_tensors, tensor_counts=args.tensor_counts)
         _report(ops.table(result), result, args.out, "ops")
         return 0
     if args.command == "exchange":

@@ -111,7 +111,7 @@ def topk_baseline_seconds(flat, ratio=0.01, budget_s=20.0):
     return time_call(lambda: topk(flat), warmup=1, repeats=5, budget_s=budget_s)
 
 
-class _OneWorkerCommunicator:
+class OneWorkerCommunicator:
     """Collectives of a one-worker job (identity), for codecs timed through reduce_group()."""
 
     size = 1
@@ -141,7 +141,7 @@ def _measure_round_trip(codec, flat, seed, budget_s):
 
     from tf_mergecomp import memory as memories
 
-    communicator = _OneWorkerCommunicator()
+    communicator = OneWorkerCommunicator()
     n = int(flat.shape[0])
     matrix = tf.reshape(flat, _near_square(n))
     memory = memories.get(codec.default_memory, **codec.default_memory_params())
@@ -170,7 +170,7 @@ def measure_group(name, flat, tensors, budget_s=10.0):
         # The engine's own group step, without Horovod: what one group costs
         # on this machine's CPU, state update included.
         mergecomp.set_gradient_layout([p.shape for p in parts], [p.dtype for p in parts])
-        communicator = _OneWorkerCommunicator()
+        communicator = OneWorkerCommunicator()
         step = tf.constant(1, tf.int64)
         reduce_group = tf.function(
             lambda grads: mergecomp.reduce_group(grads, communicator, step))
@@ -203,8 +203,9 @@ def measure_codec(name, backend, flat, budget_s=10.0):
             "payload_bytes": int(payload.shape[0]) * payload.dtype.size}
 
 
-def run(sizes, algorithms, budget_s=10.0, group_tensors=64, log=print):
-    """Returns a result dict: copy bandwidth, per-(algorithm, size) measurements, baselines."""
+def run(sizes, algorithms, budget_s=10.0, group_tensors=64, tensor_counts=(), log=print):
+    """Returns a result dict: copy bandwidth, per-(algorithm, size) measurements, baselines,
+    and one group against layer-wise at each of ``tensor_counts`` (benchmarks/merging.py)."""
     import tensorflow as tf
 
     started = time.time()
@@ -228,6 +229,10 @@ def run(sizes, algorithms, budget_s=10.0, group_tensors=64, log=print):
                 row["group"] = measure_group(name, flat, group_tensors, budget_s=budget_s)
             log("[ops] n=%d %s: %s" % (n, name, _short(row)))
             result["rows"].append(row)
+    if tensor_counts:
+        from benchmarks import merging
+
+        result["merging"] = merging.run(algorithms, tensor_counts, log=log)
     result["seconds"] = time.time() - started
     return result
 
@@ -345,10 +350,15 @@ def table(result):
     for n, seconds in sorted((int(k), v) for k, v in result["topk_baseline_s"].items()):
         header += "tf.math.top_k(|x|, k=0.01 n) at n=%s: %.4f s (%.2f GB/s).\n" % (
             size_text(n), seconds, 4.0 * n / seconds / 1e9)
+    merging_table = ""
+    if result.get("merging"):
+        from benchmarks import merging
+
+        merging_table = "\n\n" + merging.table(result["merging"])
     return header + "\n" + report.markdown_table(
         ["algorithm", "n", "op enc GB/s", "ref enc GB/s", "enc op/ref", "op dec GB/s",
          "ref dec GB/s", "dec op/ref", "enc op/copy", "dec op/copy", "group enc+dec GB/s",
-         "group/copy", "target"], rows)
+         "group/copy", "target"], rows) + merging_table
 
 
 def _codec(name, backend):

@@ -22,6 +22,8 @@ def test_ops_arguments():
     args = build_parser().parse_args(["ops", "--sizes", "1e4,2500", "--algorithms", "fp16,topk"])
     assert args.sizes == [10_000, 2_500]
     assert args.algorithms == ["fp16", "topk"]
+    assert args.tensor_counts == [16, 48, 128, 700]  # one group vs layer-wise, by default
+    assert build_parser().parse_args(["ops", "--tensor-counts", ""]).tensor_counts == []
 
 
 @pytest.mark.parametrize("argv", [
@@ -30,6 +32,7 @@ def test_ops_arguments():
     ["ops", "--sizes", "0.5"],
     ["cluster", "--workers", "two"],
     ["exchange", "--tensor-counts", "16,0"],
+    ["ops", "--tensor-counts", "16,-1"],
     ["exchange", "--models", "resnet50,lenet"],
     ["exchange", "--rounds", "0"],
     ["restart", "--model", "lenet"],
@@ -486,8 +489,24 @@ def test_tiny_ops_run():
         assert row["group"]["group_s"] > 0, row["group"]  # 64 tensors of the 10k
     text = ops.table(result)
     assert "| fp16 | 10k |" in text and "| topk | 10k |" in text
+    assert "One group against layer-wise" not in text  # no tensor counts asked for
     assert [ops.size_text(n) for n in (25_000_000, 1_000_000, 10_000, 1234, 2_500)] == [
         "25M", "1M", "10k", "1234", "2.5k"]
+
+
+def test_one_group_against_layer_wise_in_the_ops_report():
+    from benchmarks import merging
+
+    sizes = merging.tensor_sizes(16)
+    assert len(sizes) == 16 and min(sizes) == (1 << 20) // 16 and max(sizes) == 7 * (1 << 20) // 16
+    result = ops.run([10_000], ["efsignsgd"], budget_s=0.5, group_tensors=0, tensor_counts=[3],
+                     log=lambda *_: None)
+    [row] = result["merging"]
+    assert row["tensors"] == 3 and "error" not in row, row
+    assert row["one_group_s"] > 0 and row["layer_wise_s"] > 0
+    assert row["ratio_min"] <= row["ratio"] * 1.0001 and row["ratio"] <= row["ratio_max"] * 1.0001
+    text = ops.table(result)
+    assert "One group against layer-wise" in text and "| efsignsgd | 3 |" in text
 
 
 # ---- network namespaces (root + iproute2 only) -------------------------------------

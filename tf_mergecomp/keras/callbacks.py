@@ -109,64 +109,6 @@ class MergeCompCallback(FitSearchHooks, keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         _refuse_xla(self.model)
-        if self.broadcast_done:
-            return
-        broadcast_variables(self.model, self.root_rank, self.process_set)
-        self.broadcast_done = True
-
-
-class MetricAverageCallback(keras.callbacks.Callback):
-    """Averages the numeric entries of each epoch's logs over the ranks (list it
-    before callbacks that read the logs: Keras runs them in order)."""
-
-    def __init__(self, process_set=None):
-        super().__init__()
-        self.process_set = process_set
-
-    def on_epoch_end(self, epoch, logs=None):
-        import horovod.tensorflow as hvd
-
-        if not logs:
-            return
-        keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0
-                      and isinstance(np.asarray(v).item(), (int, float)))
-        if not keys:
-            return
-        values = tf.constant([float(logs[k]) for k in keys], tf.float64)
-        averaged = hvd.allreduce(values, op=hvd.Average, name="tf_mergecomp.keras.metrics.%d"
-                                 % len(keys), process_set=hvd.global_process_set
-                                 if self.process_set is None else self.process_set).numpy()
-        for key, value in zip(keys, averaged):
-            logs[key] = float(value)
-
-
-class MergeCompCallback(FitSearchHooks, keras.callbacks.Callback):
-    """Searches the fastest partition for ``compression`` while a Keras 3 model trains.
-
-    The arguments are tf_mergecomp.MergeCompCallback's (README, Parameters):
-    ``compression`` (the MergeComp given to ``DistributedOptimizer``),
-    ``steps_per_candidate``, ``max_groups``, ``save_path``, ``verbose``,
-    ``log_dir`` and the ``PartitionSearchDriver`` options.
-    """
-
-    def __init__(self, compression, steps_per_candidate=3, max_groups=4, save_path=None, verbose=1,
-                 log_dir=None, **search_options):
-        super().__init__()
-        self.search = PartitionSearchDriver(
-            compression, steps_per_candidate=steps_per_candidate, max_groups=max_groups,
-            save_path=save_path, verbose=verbose, log_dir=log_dir, **search_options)
-        self._noise = SearchNoise()
-
-    @property
-    def compression(self):
-        return self.search.compression
-
-    @property
-    def done(self):
-        return self.search.done
-
-    def on_train_begin(self, logs=None):
-        _refuse_xla(self.model)
         if find_mergecomp(self.model) is not self.compression:
             raise ValueError(
                 "MergeCompCallback's MergeComp is not the one the model's optimizer uses: pass "

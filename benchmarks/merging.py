@@ -1,0 +1,114 @@
+"""One group against layer-wise on one rank, at several tensor counts (``ops --tensor-counts``).
+
+MergeComp's premise is that one merged group is never slower than compressing
+tensor by tensor. Whether it holds on a CPU depends on the tensor count: the
+multi-pass codecs read a group more than once, and a group larger than the
+cache goes to memory on every pass. For each count the gradients are mixed
+sizes around a mean (0.25x to 1.75x of it), 16 tensors of 1 MB down to 700 of
+6 KB. Both ways run the engine's own ``MergeComp.reduce_group`` with identity
+collectives (encode, decode, state update) in one ``tf.function``: one call
+over all tensors, or one call per tensor. The two are timed round-robin, in
+slots of at least ``slot_s``, the order alternating between rounds; each
+row gives the medians and the range of the per-round ratios (the run's spread).
+"""
+
+import statistics
+import time
+
+TENSOR_COUNTS = (16, 48, 128, 700)
+# Mean tensor bytes per count: the regimes of a few large tensors to many small ones.
+MEAN_BYTES = {16: 1 << 20, 48: 250_000, 128: 64_000, 700: 6_000}
+_SPREAD = (0.25, 0.5, 1.0, 1.5, 1.75)
+
+
+def tensor_sizes(count):
+    """Float32 element counts of ``count`` mixed-size tensors (deterministic)."""
+    mean = MEAN_BYTES.get(count, 250_000) / 4
+    return [max(1, int(mean * _SPREAD[i % len(_SPREAD)])) for i in range(count)]
+
+
+def _reduce_functions(name, grads):
+    import tensorflow as tf
+
+    from benchmarks.ops import OneWorkerCommunicator
+    from tf_mergecomp import MergeComp
+
+    mergecomp = MergeComp(name, partitions=1)
+    mergecomp.set_gradient_layout([g.shape for g in grads], [g.dtype for g in grads])
+    communicator = OneWorkerCommunicator()
+    step = tf.constant(1, tf.int64)
+
+    @tf.function
+    def one_group(tensors):
+        return mergecomp.reduce_group(tensors, communicator, step)[0]
+
+    @tf.function
+    def layer_wise(tensors):
+        return [mergecomp.reduce_group([t], communicator, step, start=i, index=i)[0][0]
+                for i, t in enumerate(tensors)]
+
+    return {"one_group": one_group, "layer_wise": layer_wise}
+
+
+def _slot_seconds(fn, args, slot_s):
+    calls, started = 0, time.perf_counter()
+    while True:
+        fn(args)
+        calls += 1
+        elapsed = time.perf_counter() - started
+        if elapsed >= slot_s:
+            return elapsed / calls
+
+
+def compare(name, count, rounds=9, slot_s=0.05):
+    """{'one_group_s', 'layer_wise_s', 'ratio', 'ratio_min', 'ratio_max'} or {'error'}."""
+    import tensorflow as tf
+
+    try:
+        generator = tf.random.Generator.from_seed(1)
+        grads = [generator.normal([n]) for n in tensor_sizes(count)]
+        functions = _reduce_functions(name, grads)
+        for fn in functions.values():  # trace and warm up
+            for _ in range(3):
+                fn(grads)
+        times = {key: [] for key in functions}
+        for round_index in range(rounds):
+            order = list(functions) if round_index % 2 == 0 else list(functions)[::-1]
+            for key in order:
+                times[key].append(_slot_seconds(functions[key], grads, slot_s))
+    except Exception as error:
+        return {"error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:120])}
+    ratios = [a / b for a, b in zip(times["one_group"], times["layer_wise"])]
+    one, layer = statistics.median(times["one_group"]), statistics.median(times["layer_wise"])
+    return {"one_group_s": one, "layer_wise_s": layer, "ratio": one / layer,
+            "ratio_min": min(ratios), "ratio_max": max(ratios)}
+
+
+def run(algorithms, counts=TENSOR_COUNTS, rounds=9, log=print):
+    rows = []
+    for count in counts:
+        for name in algorithms:
+            row = dict(algorithm=name, tensors=count, megabytes=4 * sum(tensor_sizes(count)) / 1e6,
+                       **compare(name, count, rounds=rounds))
+            log("[ops] %d tensors %s: %s" % (count, name, "error" if "error" in row
+                                              else "one group / layer-wise %.3f" % row["ratio"]))
+            rows.append(row)
+    return rows
+
+
+def table(rows):
+    from benchmarks import report
+
+    lines = []
+    for row in rows:
+        if "error" in row:
+            lines.append([row["algorithm"], row["tensors"], "%.1f" % row["megabytes"], "-", "-", "-",
+                          row["error"]])
+            continue
+        lines.append([row["algorithm"], row["tensors"], "%.1f" % row["megabytes"],
+                      "%.3f" % (row["one_group_s"] * 1e3), "%.3f" % (row["layer_wise_s"] * 1e3),
+                      "%.3f" % row["ratio"], "%.2f-%.2f" % (row["ratio_min"], row["ratio_max"])])
+    return ("One group against layer-wise, one rank (engine reduce_group, identity collectives; "
+            "medians of interleaved slots, per-round ratio range = the run's spread):\n\n"
+            + report.markdown_table(["algorithm", "tensors", "MB", "one group ms", "layer-wise ms",
+                                     "one/layer-wise", "per-round range"], lines))
