@@ -38,7 +38,7 @@ DGC_SAMPLE_RATIO, DGC_MIN_SAMPLE = 0.01, 1024
 
 
 def sparse_k(n, ratio):
-    """compressors/_sparse.py's k = ceil(ratio * n), at least 1 when n >= 1."""
+    """compressors/sparse_payload.py's k = ceil(ratio * n), at least 1 when n >= 1."""
     return 0 if n == 0 else max(1, int(math.ceil(round(ratio * n, 9))))
 
 

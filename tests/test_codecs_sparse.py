@@ -11,7 +11,7 @@ import tensorflow as tf
 from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import compressors, memory
-from tf_mergecomp.compressors import _random, _sparse
+from tf_mergecomp.compressors import counter_random, sparse_payload
 
 SIZES = (0, 1, 7, 8, 9, 1000, 1001)
 SPARSE = ("topk", "dgc", "randomk")
@@ -26,7 +26,7 @@ def heavy_tailed(n, seed=0):
 
 
 def sent_indices(payload, k):
-    return _sparse.unpack(payload, k)[1].numpy()[0]
+    return sparse_payload.unpack(payload, k)[1].numpy()[0]
 
 
 # --- sizes -------------------------------------------------------------------
@@ -43,11 +43,11 @@ def test_payload_bytes_match_payload_nbytes(name, n):
 
 
 def test_k_rounding():
-    assert _sparse.sparse_k(100, 0.07) == 7
-    assert _sparse.sparse_k(1, 0.01) == 1
-    assert _sparse.sparse_k(0, 0.5) == 0
-    assert _sparse.sparse_k(1001, 0.01) == 11
-    assert _sparse.sparse_k(10, 1.0) == 10
+    assert sparse_payload.sparse_k(100, 0.07) == 7
+    assert sparse_payload.sparse_k(1, 0.01) == 1
+    assert sparse_payload.sparse_k(0, 0.5) == 0
+    assert sparse_payload.sparse_k(1001, 0.01) == 11
+    assert sparse_payload.sparse_k(10, 1.0) == 10
 
 
 # --- op == reference ------------------------------------------------------------
@@ -199,7 +199,7 @@ def test_dgc_pads_when_too_few_candidates():
         _, _, final = ref.reference_threshold(x, seed)
         payload, ctx = codec.compress(x, seed)
         np.testing.assert_array_equal(payload.numpy(), ref.compress(x, seed)[0].numpy())
-        values, indices = (t.numpy()[0] for t in _sparse.unpack(payload, k))
+        values, indices = (t.numpy()[0] for t in sparse_payload.unpack(payload, k))
         c = int(final)
         if c < k:
             padded += 1

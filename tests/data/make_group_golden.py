@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 from tests import golden_inputs  # noqa: E402
 from tf_mergecomp import ops as op_library, compressors, memory as memories  # noqa: E402
-from tf_mergecomp.compressors import _sparse  # noqa: E402
+from tf_mergecomp.compressors import sparse_payload  # noqa: E402
 
 SIZES = [0, 1, 7, 300, 1, 2053, 64, 0, 517]
 WORLD = 3
@@ -237,7 +237,7 @@ def run_case(ops, key, algorithm, params, memory_name, nonfinite, sizes=SIZES, w
 def main():
     ops = op_library.load()
     everything = sorted(list(CASES) + list(STRESS_CASES) + list(DIGEST_CASES))
-    assert _sparse.sparse_k(10, 1.0) == 10  # topk_all: k = n
+    assert sparse_payload.sparse_k(10, 1.0) == 10  # topk_all: k = n
     arrays = {"cases": np.array(json.dumps(everything))}
     for key, (algorithm, params, memory_name, nonfinite) in CASES.items():
         arrays.update(run_case(ops, key, algorithm, params, memory_name, nonfinite))

@@ -30,7 +30,7 @@ momentum = 0.9 (the memory's mu).
 
 Ops: the "dgc" codec of MergecompGroupEncode (sample, nth_element, parallel
 counting passes, compaction) and MergecompGroupDecode. The plain-TF reference draws the
-same sample through _random.py and gives identical bytes. In a merged group
+same sample through counter_random.py and gives identical bytes. In a merged group
 (the "dgc" codec of MergecompGroupEncode) the sample is read before the
 memory's compensation pass, which then counts every refinement's candidates
 and collects those of the sampled threshold in the same pass; when a
@@ -42,7 +42,7 @@ import math
 
 import tensorflow as tf
 
-from tf_mergecomp.compressors import _random, _sparse
+from tf_mergecomp.compressors import counter_random, sparse_payload
 from tf_mergecomp.compressors.base import check_in_interval, check_ratio
 from tf_mergecomp.compressors.topk import TopKCompressor
 
@@ -82,10 +82,10 @@ class DGCCompressor(TopKCompressor):
         Returns (threshold, candidates at the sampled threshold, candidates
         after refinement), the quantities the op computes internally.
         """
-        n = _sparse.static_length(values)
+        n = sparse_payload.static_length(values)
         k, sample_size = self.k(n), self.sample_size(n)
-        magnitudes = _sparse.magnitude(values)
-        bits = tf.cast(_random.random_bits(tf.cast(seed, tf.int64), sample_size), tf.int64)
+        magnitudes = sparse_payload.magnitude(values)
+        bits = tf.cast(counter_random.random_bits(tf.cast(seed, tf.int64), sample_size), tf.int64)
         positions = tf.bitwise.right_shift(bits * n, tf.constant(32, tf.int64))
         sample = tf.gather(magnitudes, positions)
         rank = min(sample_size, max(1, -(-sample_size * k // n)))
@@ -101,7 +101,7 @@ class DGCCompressor(TopKCompressor):
         return threshold, sampled_count, candidates
 
     def _reference_encode(self, values, seed, n, k):
-        magnitudes = _sparse.magnitude(values)
+        magnitudes = sparse_payload.magnitude(values)
         threshold, _, _ = self.reference_threshold(values, seed)
         keys = tf.where(magnitudes >= threshold, magnitudes, -1.0)
         chosen = tf.math.top_k(keys, k, sorted=False).indices
@@ -112,7 +112,7 @@ class DGCCompressor(TopKCompressor):
         valid = tf.gather(valid, order)
         indices = tf.where(valid, chosen, 0)
         slot_values = tf.where(valid, tf.gather(values, chosen), 0.0)
-        return _sparse.pack(slot_values, indices)
+        return sparse_payload.pack(slot_values, indices)
 
     def _encode(self, values, seed, n, k):
         if k == 0:

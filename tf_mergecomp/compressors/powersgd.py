@@ -57,7 +57,7 @@ import zlib
 import tensorflow as tf
 
 from tf_mergecomp.ops import load
-from tf_mergecomp.compressors import _random
+from tf_mergecomp.compressors import counter_random
 from tf_mergecomp.compressors.base import (ALLREDUCE, Compressor, as_float32,
                                            check_positive_int)
 
@@ -140,7 +140,7 @@ class PowerSGDCompressor(Compressor):
         count = view.cols * view.rank
         seed = zlib.crc32(b"powersgd_q_%d" % tensor_index)
         # Box-Muller on counter-based uniforms: the same on every worker.
-        uniform = _random.random_uniform(tf.constant(seed, tf.int64), 2 * count)
+        uniform = counter_random.random_uniform(tf.constant(seed, tf.int64), 2 * count)
         radius = tf.sqrt(-2.0 * tf.math.log(1.0 - uniform[:count]))
         angle = 2.0 * math.pi * uniform[count:]
         return radius * tf.cos(angle)

@@ -35,7 +35,7 @@ Ops: the "qsgd" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``
 
 import tensorflow as tf
 
-from tf_mergecomp.compressors._random import random_uniform
+from tf_mergecomp.compressors.counter_random import random_uniform
 from tf_mergecomp.compressors._sign import (
     DenseAllgatherCodec,
     float_bytes,

@@ -42,7 +42,7 @@ positions, without three histogram passes over n_i keys.
 import numpy as np
 import tensorflow as tf
 
-from tf_mergecomp.compressors import _random, _sparse
+from tf_mergecomp.compressors import counter_random, sparse_payload
 from tf_mergecomp.compressors.base import (ALLREDUCE, TENSOR_SEED_SHIFT, Compressor, as_float32,
                                            check_ratio)
 
@@ -77,7 +77,7 @@ class RandomKCompressor(Compressor):
                 "(the default), or scale=True with memory='none' (its default)" % memory.name)
 
     def k(self, n):
-        return _sparse.sparse_k(n, self.ratio)
+        return sparse_payload.sparse_k(n, self.ratio)
 
     def payload_nbytes(self, n):
         return 4 * self.k(n)
@@ -94,14 +94,14 @@ class RandomKCompressor(Compressor):
         if self.backend == "op":
             # The group codec's positions, for a group of this one tensor.
             return self.op_encode(tf.zeros([n], tf.float32), seed)[1]
-        keys = tf.cast(_random.random_bits(seed, n), tf.int64)
-        return _sparse.reference_select_largest(keys, k)
+        keys = tf.cast(counter_random.random_bits(seed, n), tf.int64)
+        return sparse_payload.reference_select_largest(keys, k)
 
     def compress(self, flat, seed):
         return self.compress_group(flat, seed, None)
 
     def compress_group(self, flat, seed, sizes):
-        n = _sparse.static_length(flat)
+        n = sparse_payload.static_length(flat)
         sizes = [n] if sizes is None else list(sizes)
         seed = tf.cast(seed, tf.int64)
         positions, offset = [], 0

@@ -26,7 +26,7 @@ Ops: the "terngrad" codec of ``MergecompGroupEncode`` (seeded) and
 
 import tensorflow as tf
 
-from tf_mergecomp.compressors._random import random_uniform
+from tf_mergecomp.compressors.counter_random import random_uniform
 from tf_mergecomp.compressors._sign import (
     DenseAllgatherCodec,
     float_bytes,

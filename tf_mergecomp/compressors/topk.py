@@ -11,7 +11,7 @@ State: none in the codec; the default memory is "residual" (error feedback),
 which keeps what was not sent for the next step.
 
 Wire format: one uint8 buffer of exactly 8k bytes: k float32 values, then k
-int32 indices, little-endian, in ascending index order (see _sparse.py).
+int32 indices, little-endian, in ascending index order (see sparse_payload.py).
 Collective: allgather (W * 8k bytes arrive).
 
 Defaults: ratio = 0.01 (ratio must be in (0, 1]).
@@ -31,7 +31,7 @@ sample changes the work, never the result.
 
 import tensorflow as tf
 
-from tf_mergecomp.compressors import _sparse
+from tf_mergecomp.compressors import sparse_payload
 from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, check_ratio
 
 
@@ -50,7 +50,7 @@ class TopKCompressor(Compressor):
         return {"ratio": self.ratio}
 
     def k(self, n):
-        return _sparse.sparse_k(n, self.ratio)
+        return sparse_payload.sparse_k(n, self.ratio)
 
     def payload_nbytes(self, n):
         return 8 * self.k(n)
@@ -63,11 +63,11 @@ class TopKCompressor(Compressor):
         del n  # exact top-k draws nothing
         if self.backend == "op":
             return self.op_encode(values, seed)[0]
-        indices = _sparse.reference_select_largest(_sparse.magnitude(values), k)
-        return _sparse.pack(tf.gather(values, indices), indices)
+        indices = sparse_payload.reference_select_largest(sparse_payload.magnitude(values), k)
+        return sparse_payload.pack(tf.gather(values, indices), indices)
 
     def compress(self, flat, seed):
-        n = _sparse.static_length(flat)
+        n = sparse_payload.static_length(flat)
         k = self.k(n)
         payload = self._encode(as_float32(flat), tf.cast(seed, tf.int64), n, k)
         return payload, (n, k, flat.dtype)
@@ -79,12 +79,12 @@ class TopKCompressor(Compressor):
             dense = (self.op_decode(payloads, tf.zeros([0], tf.int32), n, rows) if k
                      else tf.zeros([n], tf.float32))
         else:
-            dense = _sparse.reference_scatter_mean(payloads, n, k)
+            dense = sparse_payload.reference_scatter_mean(payloads, n, k)
         return tf.cast(dense, dtype)
 
     def decompress(self, payload, ctx):
         return self._decode(payload, ctx)
 
     def combine(self, collected, ctx, world_size):
-        _sparse.check_payload_length(collected, ctx[1], world_size)
+        sparse_payload.check_payload_length(collected, ctx[1], world_size)
         return self._decode(collected, ctx)

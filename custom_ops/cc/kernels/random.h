@@ -4,7 +4,7 @@
 // on how the work is sharded over threads or GPU blocks, a CPU and a CUDA
 // kernel give the same numbers, and workers given the same seed draw the same
 // numbers. The arithmetic is 32-bit unsigned only, so the plain-TensorFlow
-// reference (tf_mergecomp/compressors/_random.py) reproduces it exactly.
+// reference (tf_mergecomp/compressors/counter_random.py) reproduces it exactly.
 #ifndef TF_MERGECOMP_RANDOM_H_
 #define TF_MERGECOMP_RANDOM_H_
 
