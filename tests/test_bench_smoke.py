@@ -901,3 +901,16 @@ def test_cluster_takes_any_keras_applications_model_by_name():
     assert model.layers[-1].activation.__name__ == "linear"
     with pytest.raises(ValueError, match="keras.applications model"):
         cluster.check_args(build_parser().parse_args(["cluster", "--models", "NoSuchNet"]))
+
+
+def test_keras_versions_checks_its_arguments_before_any_work(capsys):
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS")
+    from benchmarks import keras_versions
+
+    assert os.environ.get("TF_USE_LEGACY_KERAS") == legacy  # set by main() only
+
+    for argv in (["--rounds", "0"], ["--model", "lenet"], ["--out", "/proc/nope/x.json"]):
+        with pytest.raises(SystemExit):
+            keras_versions.parse_args(argv)
+    assert "/proc/nope" in capsys.readouterr().err
+    assert keras_versions.parse_args(["--steps", "3"]).steps == 3
