@@ -61,7 +61,7 @@ from tf_mergecomp import keras2
 from tf_mergecomp.callback import MergeCompCallback
 import tf_keras
 print(json.dumps({
-    "base_is_tf_keras": MergeCompCallback.__mro__[1] is tf_keras.callbacks.Callback,
+    "base_is_tf_keras": issubclass(MergeCompCallback, tf_keras.callbacks.Callback),
     "tf_keras_is_keras2": keras2.tf_keras_is_keras2(),
     "horovod_keras_imported": "horovod.tensorflow.keras" in sys.modules,
     "horovod_standalone_keras_imported": "horovod.keras" in sys.modules,
