@@ -17,12 +17,23 @@ PATCH = os.path.join(REPO, "patches", "horovod-0.28.1-tf2.19.patch")
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 
+# What a surrounding make (``make test TF_VERSION=2.15``) passes down to its commands: a
+# sub-make would take the caller's choices as its own.
+_INHERITED = ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL",
+              "TF_VERSION", "KERAS", "VENV", "TF_USE_LEGACY_KERAS")
+
+
+def _make_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["HOME"] = str(tmp_path)
+    return env
+
 
 def _dry_run(tmp_path, *args):
     result = subprocess.run(
         ["make", "-n", "-C", REPO, "setup", "VENV=%s" % (tmp_path / "venv")] + list(args),
         capture_output=True, text=True, check=True,
-        env=dict(os.environ, HOME=str(tmp_path)))
+        env=_make_env(tmp_path))
     return result.stdout + result.stderr
 
 
@@ -83,7 +94,7 @@ def test_ci_runs_the_default_stack_and_keras_2_alone():
 def _train_dry_run(tmp_path, *args):
     return subprocess.run(
         ["make", "-n", "-C", REPO, "train", "VENV=%s" % (tmp_path / "venv")] + list(args),
-        capture_output=True, text=True, env=dict(os.environ, HOME=str(tmp_path)))
+        capture_output=True, text=True, env=_make_env(tmp_path))
 
 
 def test_the_main_job_runs_keras_3_by_default_and_keras_2_on_request(tmp_path):
