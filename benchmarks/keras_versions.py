@@ -14,6 +14,13 @@ after an untimed warm-up round, so that the machine's load falls on both
 alike. Rank 0 prints the median images/s of each, their ratio and the range
 of the per-round ratios (the run's spread), and writes them as JSON to
 ``--out``. Needs TensorFlow >= 2.16 with tf_keras installed.
+
+With ``--controls`` (the default) each Keras also trains a second copy of the
+model without any distribution (its plain optimizer, each rank on its own
+data), in the same alternating rounds, so that the two ratios that make up
+the result are seen apart: Keras 3 against Keras 2 with nothing distributed
+(the two Keras' own speed on this machine), and each Keras' distributed step
+against its own undistributed one (what the data-parallel path costs in each).
 """
 
 import argparse
@@ -36,6 +43,8 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds of each Keras")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--out", default=None, help="JSON file for the figures (rank 0)")
+    parser.add_argument("--no-controls", dest="controls", action="store_false",
+                        help="skip the undistributed copy of each model")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 1:
         parser.error("--rounds and --steps must be at least 1")
@@ -57,7 +66,10 @@ class _Setup:
         application = getattr(keras.applications, APPLICATIONS[args.model])
         self.model = application(weights=None, input_shape=images.shape[1:], classes=10,
                                  classifier_activation=None)
-        self.model.compile(optimizer=distributed_optimizer(keras.optimizers.SGD(0.01)),
+        optimizer = keras.optimizers.SGD(0.01)
+        if distributed_optimizer is not None:
+            optimizer = distributed_optimizer(optimizer)
+        self.model.compile(optimizer=optimizer,
                            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         self.callbacks = callbacks
         self.images, self.labels = images, labels
@@ -84,6 +96,25 @@ def _step_timer(keras):
             self.seconds.append(time.perf_counter() - self._started)
 
     return StepTimer()
+
+
+def _per_round_ratios(seconds, slower_name, faster_name):
+    """Per round: images/s of ``faster_name`` over ``slower_name`` (their step times inverted)."""
+    return [a / b for a, b in zip(seconds[slower_name], seconds[faster_name])]
+
+
+def _control_ratios(seconds):
+    """The two ratios a Keras 3 / Keras 2 figure is the product of (images/s, medians)."""
+    def ratio(numerator, denominator):
+        return statistics.median(seconds[denominator]) / statistics.median(seconds[numerator])
+
+    undistributed = _per_round_ratios(seconds, "keras2_undistributed", "keras3_undistributed")
+    return {
+        "undistributed_keras3_over_keras2": ratio("keras3_undistributed", "keras2_undistributed"),
+        "undistributed_per_round_ratio_range": [min(undistributed), max(undistributed)],
+        "keras2_distributed_over_undistributed": ratio("keras2", "keras2_undistributed"),
+        "keras3_distributed_over_undistributed": ratio("keras3", "keras3_undistributed"),
+    }
 
 
 def main(argv=None):
@@ -114,6 +145,9 @@ def main(argv=None):
             opt, compression=MergeComp(args.codec, partitions=1)),
             [mck.BroadcastGlobalVariablesCallback(0)], args, images, labels),
     }
+    if args.controls:
+        setups["keras2_undistributed"] = _Setup(keras2, None, [], args, images, labels)
+        setups["keras3_undistributed"] = _Setup(keras3, None, [], args, images, labels)
     for setup in setups.values():  # untimed: traces, the initial broadcast, warm caches
         setup.seconds_per_step(args.steps, setup.callbacks)
     seconds = {name: [] for name in setups}
@@ -123,19 +157,29 @@ def main(argv=None):
             seconds[name].append(setups[name].seconds_per_step(args.steps))
     images_per_s = {name: hvd_tf.size() * args.batch_size / statistics.median(values)
                     for name, values in seconds.items()}
-    per_round = [a / b for a, b in zip(seconds["keras2"], seconds["keras3"])]
+    per_round = _per_round_ratios(seconds, "keras2", "keras3")
     result = {"model": args.model, "codec": args.codec, "ranks": hvd_tf.size(),
               "image_size": args.image_size, "batch_size_per_rank": args.batch_size,
               "rounds": args.rounds, "steps": args.steps, "images_per_s": images_per_s,
               "keras3_over_keras2": images_per_s["keras3"] / images_per_s["keras2"],
               "per_round_ratio_range": [min(per_round), max(per_round)],
               "seconds_per_step": seconds}
+    if args.controls:
+        result["controls"] = _control_ratios(seconds)
     if hvd_tf.rank() == 0:
         print("%s, %s, %d ranks: Keras 2 %.1f images/s, Keras 3 %.1f images/s, Keras 3 / Keras 2 "
               "%.3f (per-round %.3f-%.3f)" % (
                   args.model, args.codec, hvd_tf.size(), images_per_s["keras2"],
                   images_per_s["keras3"], result["keras3_over_keras2"], *result["per_round_ratio_range"]),
               flush=True)
+        if args.controls:
+            controls = result["controls"]
+            print("  without distribution: Keras 3 / Keras 2 %.3f (per-round %.3f-%.3f); "
+                  "distributed / undistributed images/s: Keras 2 %.3f, Keras 3 %.3f" % (
+                      controls["undistributed_keras3_over_keras2"],
+                      *controls["undistributed_per_round_ratio_range"],
+                      controls["keras2_distributed_over_undistributed"],
+                      controls["keras3_distributed_over_undistributed"]), flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)

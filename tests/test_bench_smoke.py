@@ -914,3 +914,21 @@ def test_keras_versions_checks_its_arguments_before_any_work(capsys):
             keras_versions.parse_args(argv)
     assert "/proc/nope" in capsys.readouterr().err
     assert keras_versions.parse_args(["--steps", "3"]).steps == 3
+    assert keras_versions.parse_args([]).controls
+    assert not keras_versions.parse_args(["--no-controls"]).controls
+
+
+def test_keras_versions_controls_split_the_ratio_into_its_factors():
+    from benchmarks import keras_versions
+
+    seconds = {"keras2": [0.2, 0.3, 0.2], "keras3": [0.4, 0.4, 0.5],
+               "keras2_undistributed": [0.1, 0.1, 0.2], "keras3_undistributed": [0.25, 0.2, 0.2]}
+    controls = keras_versions._control_ratios(seconds)
+    assert controls["undistributed_keras3_over_keras2"] == pytest.approx(0.1 / 0.2)
+    assert controls["undistributed_per_round_ratio_range"] == pytest.approx([0.4, 1.0])
+    assert controls["keras2_distributed_over_undistributed"] == pytest.approx(0.1 / 0.2)
+    assert controls["keras3_distributed_over_undistributed"] == pytest.approx(0.2 / 0.4)
+    # Keras 3 / Keras 2 distributed is the product of the two factors
+    assert (controls["undistributed_keras3_over_keras2"]
+            * controls["keras3_distributed_over_undistributed"]
+            / controls["keras2_distributed_over_undistributed"]) == pytest.approx(0.2 / 0.4)
