@@ -333,17 +333,11 @@ def simulate_machines(profile, machines, per_machine, bandwidths, intra="nvlink4
     """{"cells": [...], ...}: every (bandwidth, machines) cell."""
     simulation = MachineSimulation(profile, cycle_s, intra_dtype)
     intra_label, intra_rate, intra_latency = parse_intra(intra)
-    networks = profile.get("networks", {})
-    parsed = [simulate.parse_bandwidth(b, networks) for b in bandwidths]
-    codecs = [c for c in (codecs or simulation.codecs) if c != "none"]
-    unknown = [c for c in codecs if c not in simulation.codecs]
-    if unknown:
-        raise ValueError("codec(s) %s not in the profile; it has %s"
-                         % (", ".join(unknown), ", ".join(simulation.codecs)))
+    parsed = [simulate.parse_bandwidth(b, profile.get("networks", {})) for b in bandwidths]
+    codecs = simulate.compressing_codecs(codecs, simulation.codecs)
     cells = []
     for label, rate, network_latency in parsed:
-        cell_latency = latency if latency is not None else (
-            network_latency if network_latency is not None else simulate.DEFAULT_LATENCY_S)
+        cell_latency = simulate.cell_latency_s(latency, network_latency)
         for count in machines:
             started = time.perf_counter()
             rows = simulation.run_cell(

@@ -385,21 +385,33 @@ class Simulation:
         return rows
 
 
+def compressing_codecs(asked, in_profile):
+    """The codecs to simulate: ``asked`` (default: all of the profile's) less "none" (the
+    baseline every cell has); a codec the profile has no costs for is refused."""
+    codecs = [c for c in (asked or in_profile) if c != "none"]
+    unknown = [c for c in codecs if c not in in_profile]
+    if unknown:
+        raise ValueError("codec(s) %s not in the profile; it has %s"
+                         % (", ".join(unknown), ", ".join(in_profile)))
+    return codecs
+
+
+def cell_latency_s(latency, network_latency):
+    """A cell's one-way latency: the user's, else the network preset's, else the default."""
+    if latency is not None:
+        return latency
+    return network_latency if network_latency is not None else DEFAULT_LATENCY_S
+
+
 def simulate(profile, workers, bandwidths, latency=None, codecs=None, log=print, cycle_s=None):
     """{"cells": [...], ...}: every (bandwidth, workers) cell, each timed; ``cycle_s``:
     Horovod's cycle of the simulated runs (default: the profile's)."""
     simulation = Simulation(profile, cycle_s)
-    networks = profile.get("networks", {})
-    parsed = [parse_bandwidth(b, networks) for b in bandwidths]
-    codecs = [c for c in (codecs or simulation.codecs) if c != "none"]
-    unknown = [c for c in codecs if c not in simulation.codecs]
-    if unknown:
-        raise ValueError("codec(s) %s not in the profile; it has %s"
-                         % (", ".join(unknown), ", ".join(simulation.codecs)))
+    parsed = [parse_bandwidth(b, profile.get("networks", {})) for b in bandwidths]
+    codecs = compressing_codecs(codecs, simulation.codecs)
     cells = []
     for label, per_second, network_latency in parsed:
-        cell_latency = latency if latency is not None else (
-            network_latency if network_latency is not None else DEFAULT_LATENCY_S)
+        cell_latency = cell_latency_s(latency, network_latency)
         for count in workers:
             started = time.perf_counter()
             rows = simulation.run_cell(count, per_second, cell_latency, codecs)

@@ -32,9 +32,8 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
 
+from digits_data import load_data  # noqa: E402 (this folder, on the path as the script's)
 from tf_mergecomp import MergeComp, MergeCompCallback, compressors  # noqa: E402
 
 
@@ -49,14 +48,6 @@ def parse_args():
     parser.add_argument("--no-search", action="store_true",
                         help="skip the partition search (2 balanced groups)")
     return parser.parse_args()
-
-
-def load_data(rank, size):
-    digits = load_digits()
-    images = (digits.images / 16.0).astype("float32")[..., None]
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
-    return (x_train[rank::size], y_train[rank::size]), (x_test, y_test)
 
 
 def build_model():

@@ -21,10 +21,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import keras  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
 
 import tf_mergecomp.keras as mck  # noqa: E402
+from digits_data import load_data  # noqa: E402 (this folder, on the path as the script's)
 from tf_mergecomp import MergeComp, compressors  # noqa: E402
 
 
@@ -38,14 +37,6 @@ def parse_args():
                         help="per worker; scaled by the number of workers")
     parser.add_argument("--no-search", action="store_true")
     return parser.parse_args()
-
-
-def load_data(rank, size):
-    digits = load_digits()
-    images = (digits.images / 16.0).astype("float32")[..., None]
-    x_train, x_test, y_train, y_test = train_test_split(
-        images, digits.target, test_size=0.2, random_state=0, stratify=digits.target)
-    return (x_train[rank::size], y_train[rank::size]), (x_test, y_test)
 
 
 def build_model():

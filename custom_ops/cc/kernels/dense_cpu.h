@@ -45,36 +45,32 @@ inline bool CpuHasAvx2() {
 
 // Calls fn(block) for every block in [0, num_blocks), sharded over the
 // intra-op thread pool. cost_per_block is in the pool's units (~cycles).
+// backward: the blocks are walked from the last to the first (each shard too),
+// for the second pass of a two-pass encode (after a reduction over the whole
+// group: QSGD's norm, TernGrad's max, the scale that the error-feedback update
+// needs), so that it starts with the blocks the first pass left in cache
+// instead of the ones it evicted first. fn must not depend on the order
+// (element-wise work on its own block); results are the same either way.
 inline void ForEachBlock(tensorflow::OpKernelContext* context, int64_t num_blocks,
-                         int64_t cost_per_block, const std::function<void(int64_t)>& fn) {
+                         int64_t cost_per_block, const std::function<void(int64_t)>& fn,
+                         bool backward = false) {
   if (num_blocks <= 0) return;
   if (num_blocks == 1) {
     fn(0);
     return;
   }
   auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(num_blocks, cost_per_block, [&fn](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) fn(block);
+  pool->ParallelFor(num_blocks, cost_per_block,
+                    [&fn, num_blocks, backward](int64_t begin, int64_t end) {
+    for (int64_t shard = begin; shard < end; ++shard) {
+      fn(backward ? num_blocks - 1 - (begin + end - 1 - shard) : shard);
+    }
   });
 }
 
-// ForEachBlock for the second pass of a two-pass encode (after a reduction
-// over the whole group: QSGD's norm, TernGrad's max, the scale that the
-// error-feedback update needs): the blocks are walked from the last to the
-// first, so the pass starts with the blocks the first pass left in cache
-// instead of the ones it evicted first. fn must not depend on the order
-// (element-wise work on its own block); results are the same either way.
 inline void ForEachBlockBackward(tensorflow::OpKernelContext* context, int64_t num_blocks,
                                  int64_t cost_per_block, const std::function<void(int64_t)>& fn) {
-  if (num_blocks <= 0) return;
-  if (num_blocks == 1) {
-    fn(0);
-    return;
-  }
-  auto* pool = context->device()->tensorflow_cpu_worker_threads()->workers;
-  pool->ParallelFor(num_blocks, cost_per_block, [&fn, num_blocks](int64_t begin, int64_t end) {
-    for (int64_t shard = end - 1; shard >= begin; --shard) fn(num_blocks - 1 - shard);
-  });
+  ForEachBlock(context, num_blocks, cost_per_block, fn, /*backward=*/true);
 }
 
 // Calls reduce(begin, count) for every block [begin, begin + count) of
