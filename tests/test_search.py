@@ -401,3 +401,20 @@ def test_probe_answers_must_match_the_layouts():
 def test_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         PartitionSearchAlgorithm(**kwargs)
+
+
+def test_profiled_ops_are_found_under_the_callers_node_name():
+    from tf_mergecomp.search.recorder import _by_traced_name
+
+    ops = {"StatefulPartitionedCall/gradient_tape/dense/MatMul_1": [(1, 2)],
+           "gradient_tape/conv/Conv2DBackpropFilter": [(3, 4)],
+           "outer/inner/gradient_tape/dense/BiasAddGrad": [(5, 6)],
+           "other/MatMul_1": [(7, 8)]}
+    found = _by_traced_name(ops, {"gradient_tape/dense/MatMul_1",
+                                  "gradient_tape/conv/Conv2DBackpropFilter",
+                                  "gradient_tape/dense/BiasAddGrad", "never/ran"})
+    assert found["gradient_tape/dense/MatMul_1"] == [(1, 2)]
+    assert found["gradient_tape/conv/Conv2DBackpropFilter"] == [(3, 4)]
+    assert found["gradient_tape/dense/BiasAddGrad"] == [(5, 6)]
+    assert "never/ran" not in found and "MatMul_1" not in found
+    assert _by_traced_name(ops, {"other/MatMul_1"}) is ops  # every name found as it is

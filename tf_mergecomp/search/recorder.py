@@ -143,6 +143,7 @@ class StepProfiler:
                             steps.append(span)
                         elif ":" in name:  # TensorFlow ops are "name:type"
                             ops.setdefault(name.rsplit(":", 1)[0], []).append(span)
+        ops = _by_traced_name(ops, {name for chain in producers for name in chain})
         profiled = []
         for begin, end in sorted(steps):
             def last_end(name):
@@ -170,6 +171,26 @@ class StepProfiler:
             profiled.append(ProfiledStep((end - begin) * 1e-12, np.array(ready, dtype=np.float64),
                                          parts["Encode"], parts["Decode"]))
         return profiled
+
+
+def _by_traced_name(ops, traced_names):
+    """``ops`` (profiled op name -> spans) with each of ``traced_names`` that
+    was not profiled under its own name also looked up as the last part of a
+    longer one: when the train step is a tf.function called from another
+    (Keras 3's ``fit``), TensorFlow inlines it and runs its ops under the
+    caller's node name, ``<call>/<traced name>``."""
+    missing = {name for name in traced_names if name not in ops}
+    if not missing:
+        return ops
+    found = dict(ops)
+    for profiled_name, spans in ops.items():
+        parts = profiled_name.split("/")
+        for i in range(1, len(parts)):
+            suffix = "/".join(parts[i:])
+            if suffix in missing:
+                found.setdefault(suffix, []).extend(spans)
+                break
+    return found
 
 
 def _xplane_module():
