@@ -83,7 +83,9 @@ class StateVariables:
         return list(self._state or [])
 
     def _initial_state_value(self, i):
+        # On two levels (hierarchical.py) a rank keeps its piece of each tensor only.
         shape, size = self._layout.shapes[i], self._layout.sizes[i]
+        size = -(-size // self._state_shards)
         initial = [tf.zeros([len(self.memory.state_names) * size], tf.float32)]
         codec_size = self.compressor.codec_state_size(shape)
         if codec_size:
