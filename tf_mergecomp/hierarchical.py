@@ -193,7 +193,8 @@ class TwoLevelReduce:
             rows.append(tf.reshape(padded, [ranks, piece]))
         # Row l holds piece l of every tensor: shard l is contiguous for the reduce-scatter.
         by_shard = tf.reshape(tf.concat(rows, 1) if len(rows) > 1 else rows[0], [-1])
-        shard = self.machine.reducescatter_mean(by_shard, key + ("scatter",))
+        shard = tf.reshape(self.machine.reducescatter_mean(by_shard, key + ("scatter",)),
+                           [sum(pieces)])
         shard_pieces = tf.split(shard, pieces) if len(pieces) > 1 else [shard]
         decoded, _ = reduce_shard(shard_pieces, self.cross)
         decoded = [tf.reshape(tf.cast(d, tf.float32), [-1]) for d in decoded]

@@ -1,0 +1,123 @@
+"""The two-level reduce (tf_mergecomp/hierarchical.py): settings refused at construction,
+the machine layout's checks, and real runs of 2 machines x 2 ranks on this host."""
+
+import numpy as np
+import pytest
+
+from tf_mergecomp import MergeComp
+from tf_mergecomp import hierarchical
+
+TWO_BY_TWO = "localhost:2,127.0.0.1:2"
+DYNAMIC = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "auto"])
+def test_bad_choice_is_refused_naming_the_choices(value):
+    with pytest.raises(ValueError, match="hierarchical must be one of True.*False.*None"):
+        MergeComp("efsignsgd", hierarchical=value)
+
+
+def test_codec_with_its_own_group_reduce_is_refused():
+    with pytest.raises(ValueError, match="hierarchical=True is not available for 'powersgd'"):
+        MergeComp("powersgd", hierarchical=True)
+    MergeComp("powersgd", hierarchical=False)
+
+
+def test_default_is_flat_and_describe_unchanged():
+    flat = MergeComp("efsignsgd")
+    assert flat.hierarchical is None and "hierarchical" not in flat.describe()
+    forced = MergeComp("efsignsgd", hierarchical=True)
+    assert forced.describe()["hierarchical"] is True
+    assert forced.describe()["machines"] is None  # known from the first trace
+
+
+def test_layout_shards_and_process_set_ranks():
+    layout = hierarchical.MachineLayout(rank=5, size=8, ranks_per_machine=4, machines=2)
+    assert (layout.local_rank, layout.machine, layout.two_level) == (1, 1, True)
+    assert layout.machine_ranks(1) == [4, 5, 6, 7]
+    assert layout.cross_ranks(1) == [1, 5]
+    assert layout.all_process_set_ranks() == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 4], [1, 5],
+                                              [2, 6], [3, 7]]
+    assert not hierarchical.MachineLayout(0, 4, 1, 4).two_level
+    assert not hierarchical.MachineLayout(0, 4, 4, 1).two_level
+    assert [hierarchical.piece_size(n, 4) for n in (1, 4, 5, 8)] == [1, 1, 2, 2]
+
+
+def test_uneven_machines_are_refused():
+    # 3 ranks seen as machines of 2 (horovodrun -H a:2,b:1): refused, saying how to fix it.
+    with pytest.raises(ValueError, match="equal numbers of ranks.*-H host1:4,host2:4"):
+        hierarchical.MachineLayout(rank=0, size=3, ranks_per_machine=2, machines=2).check()
+
+
+def test_state_size_is_one_piece_per_tensor():
+    mc = MergeComp("efsignsgd", hierarchical=True)
+    mc.set_gradient_layout([[5, 3], [7]], ["float32", "float32"])
+    mc._state_shards = 2  # as a trace on machines of 2 ranks sets it
+    assert [v.shape.num_elements() for v in mc.state_variables()] == [8, 4]
+
+
+def _flat_state_sizes(ranks_per_machine):
+    return [hierarchical.piece_size(n, ranks_per_machine) for n in (15, 7, 16, 3)]
+
+
+@pytest.mark.multiworker
+def test_two_by_two_matches_the_flat_average():
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=4, args=["exact"], hosts=TWO_BY_TWO,
+                                env=DYNAMIC, timeout=300)
+    by_codec = {}
+    for rank in range(4):
+        for result in results[rank]:
+            by_codec.setdefault(result["codec"], []).append(result)
+    assert sorted(by_codec) == ["efsignsgd", "fp16", "none", "topk"]
+    for codec, ranks in by_codec.items():
+        assert len(ranks) == 4
+        assert all(r["two_level"] for r in ranks)
+        assert "HOROVOD_DYNAMIC_PROCESS_SETS=1" in ranks[0]["refused"]
+        assert ranks[0]["describe"]["machines"] == [2, 2]
+        # 2 groups x (reduce-scatter, exchange across, allgather)
+        assert all(r["collectives"] == 6 for r in ranks)
+        # Every rank holds the same result.
+        assert len({r["checksum"] for r in ranks}) == 1, codec
+    assert max(r["max_error"] for r in by_codec["none"]) < 1e-6
+    assert max(r["max_error"] for r in by_codec["fp16"]) < 5e-3
+    assert max(r["max_error"] for r in by_codec["efsignsgd"]) > 1e-2  # it does compress
+    # The memory's residual of one piece of each tensor (1/2 of the flat state).
+    assert by_codec["efsignsgd"][0]["state_sizes"] == _flat_state_sizes(2)
+    assert by_codec["none"][0]["state_sizes"] == []
+
+
+@pytest.mark.multiworker
+def test_two_by_two_training_and_sharded_checkpoint():
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=4, args=["train"], hosts=TWO_BY_TWO,
+                                env=DYNAMIC, timeout=300)
+    for codec in ("efsignsgd", "topk"):
+        ranks = [next(r for r in results[rank] if r["codec"] == codec) for rank in range(4)]
+        assert all(r["two_level"] for r in ranks)
+        assert len({r["checksum"] for r in ranks}) == 1, codec  # weights identical on all 4
+        assert len({r["flat_checksum"] for r in ranks}) == 1, codec
+        assert ranks[0]["checksum"] != ranks[0]["flat_checksum"]  # another reduce indeed
+        for r in ranks:
+            assert np.all(np.array(r["state_sizes"]) * 2 - np.array(r["flat_state_sizes"]) <= 1)
+            assert sum(r["state_sizes"]) < 0.6 * sum(r["flat_state_sizes"])
+            assert r["state_nonzero"] > 0 and r["zeroed"] == 0
+            assert r["restore_kept"] and r["restored_matches"], (codec, r)
+            assert r["settings_differ"]
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("hosts", ["localhost:1,127.0.0.1:1", "localhost:2"],
+                         ids=["one_rank_per_machine", "one_machine"])
+def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=2, args=["bitwise"], hosts=hosts,
+                                env=DYNAMIC, timeout=240)
+    for rank in range(2):
+        assert [r["codec"] for r in results[rank]] == ["efsignsgd", "topk"]
+        for r in results[rank]:
+            assert not r["two_level"]
+            assert r["weights_identical"] and r["state_identical"], (hosts, r)

@@ -1,0 +1,126 @@
+"""The two-level reduce on machines of several ranks (run with horovodrun -H a:2,b:2).
+
+``exact``: one reduce per codec of known per-rank gradients (the flat average is
+computed here from every rank's seed), without dynamic process sets first (refused),
+then with them.
+``train``: a few training steps per compressing codec, hierarchical against flat:
+weights, state sizes, and a rank-state checkpoint round trip of the sharded state.
+``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
+machine, or one machine: both must be the flat reduce, bit for bit).
+"""
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+from tests.horovodrun import report
+from tests.workers.common import (classification_data, small_classifier, tape_train_step,
+                                  weights_checksum)
+from tf_mergecomp import MergeComp
+from tf_mergecomp import checkpoint as mergecomp_checkpoint
+
+mode = sys.argv[1]
+hvd.init()
+SHAPES = [[5, 3], [7], [4, 4], [3]]
+
+
+def gradients_of(rank):
+    rng = np.random.RandomState(10 + rank)
+    return [rng.randn(*shape).astype(np.float32) for shape in SHAPES]
+
+
+def reduce_once(mc):
+    reduce = mc.make_reduce_fn()
+    out = reduce([tf.constant(g) for g in gradients_of(hvd.rank())])
+    return [o.numpy() for o in out]
+
+
+def run_exact():
+    expected = [np.mean([gradients_of(r)[i] for r in range(hvd.size())], axis=0, dtype=np.float64)
+                for i in range(len(SHAPES))]
+    # Without dynamic process sets (and none registered at hvd.init), refused on every rank.
+    dynamic = os.environ.pop("HOROVOD_DYNAMIC_PROCESS_SETS", None)
+    try:
+        reduce_once(MergeComp("none", partitions=2, hierarchical=True))
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    if dynamic is not None:
+        os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = dynamic
+    for codec in ("none", "fp16", "efsignsgd", "topk"):
+        params = {"ratio": 0.5} if codec == "topk" else {}
+        mc = MergeComp(codec, partitions=2, hierarchical=True, **params)
+        before = int(mc.collectives_executed.numpy())
+        out = reduce_once(mc)
+        report(codec=codec, refused=refused, two_level=mc.two_level,
+               describe=mc.describe(),
+               collectives=int(mc.collectives_executed.numpy()) - before,
+               max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
+               checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))),
+               state_sizes=[int(v.shape.num_elements()) for v in mc.state_variables()])
+
+
+def train(mc, steps, model=None, optimizer=None):
+    model = model or small_classifier()
+    optimizer = optimizer or tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    step = tf.function(tape_train_step(model, optimizer, loss_fn, mc))
+    x, y = classification_data(hvd.rank(), n=64)
+    for i in range(steps):
+        step(x[(i % 2) * 32:(i % 2) * 32 + 32], y[(i % 2) * 32:(i % 2) * 32 + 32])
+    return model, optimizer
+
+
+def state_of(mc):
+    return [v.numpy() for v in mc.state_variables()]
+
+
+def run_train():
+    directory = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None,
+                                     root_rank=0, name="directory")
+    for codec, params in (("efsignsgd", {}), ("topk", {"ratio": 0.3})):
+        results = {}
+        for hierarchical in (True, False):
+            mc = MergeComp(codec, partitions=2, hierarchical=hierarchical, **params)
+            model, optimizer = train(mc, 4)
+            results[hierarchical] = (mc, model, optimizer)
+        mc, model, _ = results[True]
+        flat_mc, flat_model, _ = results[False]
+        # Checkpoint round trip of the sharded state (docs/checkpoints.md's per-rank files).
+        saved_state = state_of(mc)
+        path = "%s/%s/ckpt" % (directory, codec)
+        path = mergecomp_checkpoint.save(tf.train.Checkpoint(model=model), mc, path)
+        mc.reset_state()
+        zeroed = float(sum(np.abs(s).sum() for s in state_of(mc)))
+        mergecomp_checkpoint.restore_rank_state(mc, path)  # after the first step: at once
+        restored_matches = all(np.array_equal(a, b) for a, b in zip(saved_state, state_of(mc)))
+        report(codec=codec, two_level=mc.two_level,
+               checksum=weights_checksum(model), flat_checksum=weights_checksum(flat_model),
+               state_sizes=[len(s) for s in saved_state],
+               flat_state_sizes=[len(s) for s in state_of(flat_mc)],
+               restore_kept=mc.rank_state.last_outcome["kept"], zeroed=zeroed,
+               restored_matches=restored_matches,
+               state_nonzero=float(sum(np.abs(s).sum() for s in saved_state)),
+               settings_differ=mc.settings_fingerprint() != flat_mc.settings_fingerprint())
+
+
+def run_bitwise():
+    for codec, params in (("efsignsgd", {}), ("topk", {"ratio": 0.3})):
+        outcome = {}
+        for hierarchical in (True, False):
+            mc = MergeComp(codec, partitions=2, hierarchical=hierarchical, **params)
+            model, _ = train(mc, 3)
+            outcome[hierarchical] = ([w.numpy() for w in model.trainable_variables], state_of(mc),
+                                     mc.two_level)
+        report(codec=codec, two_level=outcome[True][2],
+               weights_identical=all(np.array_equal(a, b)
+                                     for a, b in zip(outcome[True][0], outcome[False][0])),
+               state_identical=all(np.array_equal(a, b)
+                                   for a, b in zip(outcome[True][1], outcome[False][1])))
+
+
+{"exact": run_exact, "train": run_train, "bitwise": run_bitwise}[mode]()
