@@ -57,7 +57,8 @@ def test_state_size_is_one_piece_per_tensor():
 
 
 def _flat_state_sizes(ranks_per_machine):
-    return [hierarchical.piece_size(n, ranks_per_machine) for n in (15, 7, 16, 3)]
+    """In backprop order (the reverse of SHAPES in the worker)."""
+    return [hierarchical.piece_size(n, ranks_per_machine) for n in (3, 16, 7, 15)]
 
 
 @pytest.mark.multiworker
