@@ -1,10 +1,12 @@
 """The two-level reduce on machines of several ranks (run with horovodrun -H a:2,b:2).
 
-``exact``: one reduce per codec of known per-rank gradients (the flat average is
+``two_by_two``: ``exact`` then ``train``. ``exact``: one reduce per codec of known per-rank gradients (the flat average is
 computed here from every rank's seed), without dynamic process sets first (refused),
 then with them.
+and of a gradient that rank 3 holds non-finite.
 ``train``: a few training steps per compressing codec, hierarchical against flat:
-weights, state sizes, and a rank-state checkpoint round trip of the sharded state.
+weights, state sizes, a rank-state checkpoint round trip of the sharded state, then a
+group turned plain and MergeComp stepping aside (the sharded state flushed).
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
 machine, or one machine: both must be the flat reduce, bit for bit).
 """
@@ -62,6 +64,14 @@ def run_exact():
                max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))),
                state_sizes=[int(v.shape.num_elements()) for v in mc.state_variables()])
+    # A NaN in one tensor of rank 3: that tensor all NaN everywhere, the others exact.
+    mc = MergeComp("efsignsgd", partitions=2, hierarchical=True)
+    grads = gradients_of(hvd.rank())
+    if hvd.rank() == 3:
+        grads[1][2] = np.nan
+    out = [o.numpy() for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
+    report(codec="nonfinite", nan_tensors=[bool(np.all(np.isnan(o))) for o in out],
+           any_nan=[bool(np.any(np.isnan(o))) for o in out], step=int(mc.step.numpy()))
 
 
 def train(mc, steps, model=None, optimizer=None):
@@ -88,7 +98,7 @@ def run_train():
             mc = MergeComp(codec, partitions=2, hierarchical=hierarchical, **params)
             model, optimizer = train(mc, 4)
             results[hierarchical] = (mc, model, optimizer)
-        mc, model, _ = results[True]
+        mc, model, optimizer = results[True]
         flat_mc, flat_model, _ = results[False]
         # Checkpoint round trip of the sharded state (docs/checkpoints.md's per-rank files).
         saved_state = state_of(mc)
@@ -98,7 +108,7 @@ def run_train():
         zeroed = float(sum(np.abs(s).sum() for s in state_of(mc)))
         mergecomp_checkpoint.restore_rank_state(mc, path)  # after the first step: at once
         restored_matches = all(np.array_equal(a, b) for a, b in zip(saved_state, state_of(mc)))
-        report(codec=codec, two_level=mc.two_level,
+        report(codec=codec + "_train", two_level=mc.two_level,
                checksum=weights_checksum(model), flat_checksum=weights_checksum(flat_model),
                state_sizes=[len(s) for s in saved_state],
                flat_state_sizes=[len(s) for s in state_of(flat_mc)],
@@ -106,10 +116,20 @@ def run_train():
                restored_matches=restored_matches,
                state_nonzero=float(sum(np.abs(s).sum() for s in saved_state)),
                settings_differ=mc.settings_fingerprint() != flat_mc.settings_fingerprint())
+        # Group 0 plain, then plain Horovod: what the shards' memory held goes out, then zero.
+        mc.set_partition([2], group_codecs=["none", codec])
+        train(mc, 1, model, optimizer)
+        plain_group = [float(np.abs(s).max()) for s in state_of(mc)[:2]]
+        mc.set_plain_horovod()
+        train(mc, 1, model, optimizer)
+        report(codec=codec + "_switches", plain_group_state=plain_group,
+               stepped_aside_state=float(sum(np.abs(s).sum() for s in state_of(mc))),
+               checksum=weights_checksum(model))
 
 
 def run_bitwise():
-    for codec, params in (("efsignsgd", {}), ("topk", {"ratio": 0.3})):
+    codecs = (("efsignsgd", {}), ("topk", {"ratio": 0.3}))[:int(sys.argv[2])]
+    for codec, params in codecs:
         outcome = {}
         for hierarchical in (True, False):
             mc = MergeComp(codec, partitions=2, hierarchical=hierarchical, **params)
@@ -123,4 +143,8 @@ def run_bitwise():
                                    for a, b in zip(outcome[True][1], outcome[False][1])))
 
 
-{"exact": run_exact, "train": run_train, "bitwise": run_bitwise}[mode]()
+if mode == "two_by_two":
+    run_exact()
+    run_train()
+else:
+    run_bitwise()
