@@ -129,13 +129,14 @@ def test_elastic_hierarchical_from_two_machines_to_one(tmp_path):
                           timeout=300)
     restores = [r for rank in range(4) for r in results[rank] if r["check"] == "restore"]
     assert len(restores) == 4, results
-    for r in restores:
+    for r in restores:  # in the first world: two levels, half of every tensor's residual
         assert r["moved"] and r["weights"] and r["step"] and r["state"], r
+        assert r["two_level"] and r["state_size"] == 484 // 2, r
     finished, _ = _check_elastic_end(results, target=2, before=4)
     for r in finished:
         assert not r["two_level"]  # one machine now: the flat reduce, the full state
         assert r["state_sizes"] == finished[0]["state_sizes"]
-    assert sum(finished[0]["state_sizes"]) == 4 + 64 + 16 + 256 + 16 + 128  # every element
+    assert sum(finished[0]["state_sizes"]) == 484  # every element of the 6 tensors
 
 
 @pytest.mark.multiworker

@@ -63,7 +63,8 @@ def check_restore(x, y):
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # not committed
     moved = int(mc.step.numpy()) != committed[1]
     state.restore()
-    report(check="restore", moved=moved,
+    report(check="restore", moved=moved, two_level=mc.two_level,
+           state_size=sum(int(v.shape.num_elements()) for v in mc.existing_state_variables()),
            weights=all(np.array_equal(a, b) for a, b in zip(values(model.variables), committed[0])),
            step=int(mc.step.numpy()) == committed[1],
            state=all(np.array_equal(a, b)
