@@ -97,6 +97,13 @@ def test_two_by_two_matches_the_flat_average(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_search_probe_times_two_level_groups(two_by_two):
+    for r in two_by_two["probe"]:
+        assert r["two_level"] and r["shape"] == [2, 2, 3] and r["finite"], r
+        assert r["collective_s"] > 0  # reduce-scatter to allgather, stamped
+
+
+@pytest.mark.multiworker
 def test_two_by_two_nonfinite_gradient(two_by_two):
     for r in two_by_two["nonfinite"]:
         # Tensor 1 of rank 3 held a NaN: all NaN on every rank, the others finite.

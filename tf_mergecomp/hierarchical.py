@@ -178,13 +178,17 @@ class TwoLevelReduce:
         self.machine = machine
         self.cross = cross
 
-    def reduce_group(self, grads, key, reduce_shard):
+    def reduce_group(self, grads, key, reduce_shard, wrap=None):
         """The group's average over all ranks and its per-tensor non-finite flags.
 
         ``reduce_shard(pieces, cross)``: the flat reduce of this rank's pieces (one 1-D
         float32 tensor per gradient) across machines through communicator ``cross``,
-        returning (decoded pieces, flags)."""
+        returning (decoded pieces, flags). ``wrap``: applied to both communicators (the
+        search's recorder times the group's collectives through it)."""
         ranks = self.layout.ranks_per_machine
+        machine, cross = self.machine, self.cross
+        if wrap is not None:
+            machine, cross = wrap(machine), wrap(cross)
         pieces = [piece_size(g.shape.num_elements(), ranks) for g in grads]
         rows = []
         for grad, piece in zip(grads, pieces):
@@ -193,13 +197,13 @@ class TwoLevelReduce:
             rows.append(tf.reshape(padded, [ranks, piece]))
         # Row l holds piece l of every tensor: shard l is contiguous for the reduce-scatter.
         by_shard = tf.reshape(tf.concat(rows, 1) if len(rows) > 1 else rows[0], [-1])
-        shard = tf.reshape(self.machine.reducescatter_mean(by_shard, key + ("scatter",)),
+        shard = tf.reshape(machine.reducescatter_mean(by_shard, key + ("scatter",)),
                            [sum(pieces)])
         shard_pieces = tf.split(shard, pieces) if len(pieces) > 1 else [shard]
-        decoded, _ = reduce_shard(shard_pieces, self.cross)
+        decoded, _ = reduce_shard(shard_pieces, cross)
         decoded = [tf.reshape(tf.cast(d, tf.float32), [-1]) for d in decoded]
         joined = tf.concat(decoded, 0) if len(decoded) > 1 else decoded[0]
-        gathered = tf.reshape(self.machine.allgather(joined, key + ("gather",)), [ranks, -1])
+        gathered = tf.reshape(machine.allgather(joined, key + ("gather",)), [ranks, -1])
         columns = tf.split(gathered, pieces, axis=1) if len(pieces) > 1 else [gathered]
         outputs, flags = [], []
         for grad, column in zip(grads, columns):
@@ -308,7 +312,10 @@ class TwoLevelGroups:
         def reduce_shard(pieces, cross):
             return self._reduce_group(index, start, pieces, state_vars, step, cross, codec_name)
 
-        return self._two_level.reduce_group(grads, key, reduce_shard)
+        # The search's recorder hands a communicator that times the group's collectives:
+        # it times the three of a two-level group (``around``).
+        return self._two_level.reduce_group(grads, key, reduce_shard,
+                                            wrap=getattr(communicator, "around", None))
 
     def _flush_before_plain_horovod(self, state, dense):
         """(gradients plus what the memory has not sent, op clearing it afterwards) for a

@@ -24,6 +24,7 @@ from tests.workers.common import (classification_data, small_classifier, tape_tr
                                   weights_checksum)
 from tf_mergecomp import MergeComp
 from tf_mergecomp import checkpoint as mergecomp_checkpoint
+from tf_mergecomp.search.recorder import ExchangeProbe
 
 mode = sys.argv[1]
 hvd.init()
@@ -58,6 +59,13 @@ def run_exact():
         mc = MergeComp(codec, partitions=2, hierarchical=True, **params)
         before = int(mc.collectives_executed.numpy())
         out = reduce_once(mc)
+        if codec == "efsignsgd":
+            # The search's probe times a two-level group as it runs in training.
+            probe = ExchangeProbe(mc)
+            times = probe.run([2], repeats=2)
+            report(codec="probe", two_level=probe.mergecomp.two_level, shape=list(times.shape),
+                   finite=bool(np.all(np.isfinite(times))),
+                   collective_s=float(times[:, :, 1].min()))
         report(codec=codec, refused=refused, two_level=mc.two_level,
                describe=mc.describe(),
                collectives=int(mc.collectives_executed.numpy()) - before,
