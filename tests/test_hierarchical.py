@@ -144,7 +144,9 @@ def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):
     results, _ = horovodrun.run("engine_hierarchical.py", np=2, args=["bitwise", len(codecs)],
                                 hosts=hosts, env=DYNAMIC, timeout=240)
     for rank in range(2):
-        assert [r["codec"] for r in results[rank]] == codecs
-        for r in results[rank]:
+        assert [r["codec"] for r in results[rank]] == codecs + ["disagreement"]
+        # Rank 0 hierarchical=True, rank 1 False: refused on both, naming the setting.
+        assert "hierarchical" in results[rank][-1]["error"], results[rank][-1]
+        for r in results[rank][:-1]:
             assert not r["two_level"]
             assert r["weights_identical"] and r["state_identical"], (hosts, r)

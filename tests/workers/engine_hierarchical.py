@@ -22,7 +22,7 @@ import horovod.tensorflow as hvd
 from tests.horovodrun import report
 from tests.workers.common import (classification_data, small_classifier, tape_train_step,
                                   weights_checksum)
-from tf_mergecomp import MergeComp
+from tf_mergecomp import MergeComp, RankMismatchError
 from tf_mergecomp import checkpoint as mergecomp_checkpoint
 from tf_mergecomp.search.recorder import ExchangeProbe
 
@@ -151,8 +151,19 @@ def run_bitwise():
                                    for a, b in zip(outcome[True][1], outcome[False][1])))
 
 
+def run_disagreement():
+    """Rank 0 asks for two levels, the others for the flat reduce: refused on every rank."""
+    mc = MergeComp("efsignsgd", partitions=2, hierarchical=hvd.rank() == 0)
+    try:
+        reduce_once(mc)
+        report(codec="disagreement", error=None)
+    except RankMismatchError as error:
+        report(codec="disagreement", error=str(error))
+
+
 if mode == "two_by_two":
     run_exact()
     run_train()
 else:
     run_bitwise()
+    run_disagreement()
