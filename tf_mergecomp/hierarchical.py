@@ -126,11 +126,16 @@ def machine_process_sets(ranks_per_machine=None, size=None):
 
 
 def _registered_process_sets():
-    """{tuple of ranks: process set id} of the sets Horovod has registered."""
+    """{tuple of ranks: process set id} of the sets Horovod has registered (Horovod 0.28.1
+    lists them only through its internal ``_basics``; {} where that is missing: the sets
+    are then added, which needs dynamic process sets)."""
     from horovod.common import process_sets
 
-    return {tuple(ranks): set_id
-            for set_id, ranks in process_sets._basics._get_process_set_ids_and_ranks().items()}
+    listing = getattr(getattr(process_sets, "_basics", None), "_get_process_set_ids_and_ranks",
+                      None)
+    if listing is None:
+        return {}
+    return {tuple(ranks): set_id for set_id, ranks in listing().items()}
 
 
 def _dynamic_process_sets():
