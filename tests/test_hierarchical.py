@@ -135,6 +135,19 @@ def test_two_by_two_training_and_sharded_checkpoint(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_with_process_sets_registered_at_init():
+    from tests import horovodrun
+
+    # hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets()), not dynamic.
+    results, _ = horovodrun.run("engine_hierarchical.py", np=4, args=["registered"],
+                                hosts=TWO_BY_TWO, env={"HOROVOD_DYNAMIC_PROCESS_SETS": None},
+                                timeout=240)
+    for rank in range(4):
+        (r,) = results[rank]
+        assert r["two_level"] and r["dynamic"] is None and r["max_error"] < 1e-6, r
+
+
+@pytest.mark.multiworker
 @pytest.mark.parametrize("hosts", ["localhost:1,127.0.0.1:1", "localhost:2"],
                          ids=["one_rank_per_machine", "one_machine"])
 def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):

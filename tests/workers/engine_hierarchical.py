@@ -7,6 +7,7 @@ and of a gradient that rank 3 holds non-finite.
 ``train``: a few training steps per compressing codec, hierarchical against flat:
 weights, state sizes, a rank-state checkpoint round trip of the sharded state, then a
 group turned plain and MergeComp stepping aside (the sharded state flushed).
+``registered``: one exact reduce with the process sets given to ``hvd.init``.
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
 machine, or one machine: both must be the flat reduce, bit for bit).
 """
@@ -24,10 +25,14 @@ from tests.workers.common import (classification_data, small_classifier, tape_tr
                                   weights_checksum)
 from tf_mergecomp import MergeComp, RankMismatchError
 from tf_mergecomp import checkpoint as mergecomp_checkpoint
+from tf_mergecomp.hierarchical import machine_process_sets
 from tf_mergecomp.search.recorder import ExchangeProbe
 
 mode = sys.argv[1]
-hvd.init()
+if mode == "registered":  # the sets registered at start, no dynamic process sets
+    hvd.init(process_sets=machine_process_sets())
+else:
+    hvd.init()
 SHAPES = [[5, 3], [7], [4, 4], [3]]
 
 
@@ -161,7 +166,19 @@ def run_disagreement():
         report(codec="disagreement", error=str(error))
 
 
-if mode == "two_by_two":
+def run_registered():
+    expected = [np.mean([gradients_of(r)[i] for r in range(hvd.size())], axis=0, dtype=np.float64)
+                for i in range(len(SHAPES))]
+    mc = MergeComp("none", partitions=2, hierarchical=True)
+    out = reduce_once(mc)
+    report(codec="registered", two_level=mc.two_level,
+           dynamic=os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS"),
+           max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)))
+
+
+if mode == "registered":
+    run_registered()
+elif mode == "two_by_two":
     run_exact()
     run_train()
 else:
