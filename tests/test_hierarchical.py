@@ -78,7 +78,8 @@ def two_by_two():
 @pytest.mark.multiworker
 def test_two_by_two_matches_the_flat_average(two_by_two):
     by_codec = two_by_two
-    for codec in ("none", "fp16", "efsignsgd", "topk"):
+    for codec in ("none", "fp16", "efsignsgd", "topk", "dgc", "qsgd", "randomk", "signum",
+                  "terngrad", "onebit", "signsgd"):
         ranks = by_codec[codec]
         assert len(ranks) == 4
         assert all(r["two_level"] for r in ranks)

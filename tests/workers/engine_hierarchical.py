@@ -59,8 +59,9 @@ def run_exact():
         refused = str(error)
     if dynamic is not None:
         os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = dynamic
-    for codec in ("none", "fp16", "efsignsgd", "topk"):
-        params = {"ratio": 0.5} if codec == "topk" else {}
+    for codec in ("none", "fp16", "efsignsgd", "topk", "dgc", "qsgd", "randomk", "signum",
+                  "terngrad", "onebit", "signsgd"):
+        params = {"ratio": 0.5} if codec in ("topk", "dgc", "randomk") else {}
         mc = MergeComp(codec, partitions=2, hierarchical=True, **params)
         before = int(mc.collectives_executed.numpy())
         out = reduce_once(mc)
