@@ -105,6 +105,27 @@ def test_two_by_two_search_probe_times_two_level_groups(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_level_per_group_and_the_state_following_it(two_by_two):
+    ranks = two_by_two["mixed"]
+    assert len({r["checksum"] for r in ranks}) == 1  # weights identical on all 4
+    for r in ranks:
+        n = r["n"]
+        assert r["two_level"] and n == 6
+        assert r["choices"] == ["efsignsgd/two-level", "none/two-level", "fp16/two-level"]
+        assert r["searched"] == ["efsignsgd", "none", "efsignsgd/two-level", "none/two-level"]
+        assert r["describe"]["group_codecs"] == ["efsignsgd", "efsignsgd/two-level"]
+        assert r["describe"]["machines"] == [2, 2]
+        # The flat state whole, then this rank's piece of every tensor beside it.
+        assert r["sizes"][n:] == [-(-size // 2) for size in r["sizes"][:n]]
+        # Group 0 (tensors 0, 1) on two levels, group 1 flat: each fills its own state.
+        assert r["full_before"][:2] == [0.0, 0.0] and min(r["full_before"][2:]) > 0
+        assert min(r["pieces_before"][:2]) > 0 and r["pieces_before"][2:] == [0.0] * 4
+        # Switched: what each held went out with the step, each fills the other.
+        assert min(r["full_after"][:2]) > 0 and r["full_after"][2:] == [0.0] * 4
+        assert r["pieces_after"][:2] == [0.0, 0.0] and min(r["pieces_after"][2:]) > 0
+
+
+@pytest.mark.multiworker
 def test_two_by_two_nonfinite_gradient(two_by_two):
     for r in two_by_two["nonfinite"]:
         # Tensor 1 of rank 3 held a NaN: all NaN on every rank, the others finite.

@@ -142,6 +142,13 @@ def _dynamic_process_sets():
     return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "").lower() not in ("", "0", "false")
 
 
+def process_sets_available(layout):
+    """Whether ``process_sets_for`` can give the sets (no collective)."""
+    registered = _registered_process_sets()
+    return _dynamic_process_sets() or all(
+        tuple(ranks) in registered for ranks in layout.all_process_set_ranks())
+
+
 def process_sets_for(layout):
     """(this machine's process set, the set of this local rank across machines). Takes
     sets already registered; adds missing ones when dynamic process sets are on (a
@@ -153,7 +160,7 @@ def process_sets_for(layout):
     missing = [ranks for ranks in wanted if tuple(ranks) not in registered]
     if missing and not _dynamic_process_sets():
         raise ValueError(
-            "hierarchical=True needs Horovod process sets for the machines and across them: "
+            "a two-level reduce (hierarchical=True) needs Horovod process sets for the machines and across them: "
             "run with HOROVOD_DYNAMIC_PROCESS_SETS=1 (or hvd.init(process_sets=\"dynamic\")) "
             "and MergeComp adds them, or register them at start: "
             "hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets())")
@@ -232,113 +239,3 @@ class TwoLevelReduce:
             spread.append(tf.reshape(full[:size], shape))
         return spread
 
-
-class TwoLevelGroups:
-    """MergeComp's part of the two-level reduce (a base class of ``MergeComp``): the
-    setting, the machine layout seen at the trace, the process sets and the state's
-    shard count (``self._state_shards``, read by state_variables.py)."""
-
-    def _init_levels(self, hierarchical):
-        self.hierarchical = check_choice(hierarchical)
-        if hierarchical and (self.compressor.reduces_own_groups
-                             or self.compressor.keeps_codec_state):
-            raise ValueError(
-                "hierarchical=True is not available for %r: it reduces its groups itself with "
-                "per-tensor state of its own (use hierarchical=False)" % self.compressor.name)
-        self._machine_layout = None
-        self._two_level = None       # a TwoLevelReduce while groups take two levels
-        self._level_sets = None      # (layout description, machine set, cross set)
-        self._state_shards = 1
-
-    @property
-    def two_level(self):
-        """Whether the last trace reduced its groups in two levels."""
-        return self._two_level is not None
-
-    def describe_levels(self):
-        """The reduce's level for ``describe()``: nothing when ``hierarchical`` is None
-        (the flat reduce, as before the setting existed)."""
-        if self.hierarchical is None:
-            return {}
-        layout = self._machine_layout
-        return {"hierarchical": self.hierarchical,
-                "machines": None if layout is None else layout.describe()}
-
-    def _plan_levels(self, communicator):
-        """At a trace, before the ranks compare descriptions: the machine layout, and
-        the state's shard count (1 on the flat path)."""
-        import horovod.tensorflow as hvd
-
-        if not self.hierarchical:
-            self._machine_layout = None
-            return
-        if communicator.process_set.process_set_id != hvd.global_process_set.process_set_id:
-            raise ValueError("hierarchical=True reduces over all ranks: it cannot be combined "
-                             "with a process_set of the optimizer or tape")
-        self._machine_layout = MachineLayout.from_horovod()
-        shards = (self._machine_layout.ranks_per_machine if self._machine_layout.two_level
-                  else 1)
-        if shards != self._state_shards:
-            # Another number of ranks per machine (an elastic reset): new pieces, new state.
-            self._state_shards = shards
-            self._state = None
-
-    def _connect_levels(self, communicator):
-        """After the ranks agreed on the layout: checks it and takes (or adds) the
-        process sets of the two-level reduce."""
-        from tf_mergecomp.communication import HorovodCommunicator
-
-        layout = self._machine_layout
-        if layout is None or not layout.two_level:
-            self._two_level = None
-            return
-        layout.check()
-        if self._level_sets is None or self._level_sets[0] != layout.describe():
-            self._level_sets = (layout.describe(),) + process_sets_for(layout)
-        counter = self.collectives_executed
-        machine = HorovodCommunicator(self._level_sets[1], counter=counter,
-                                      name_prefix="mergecomp.machine%d" % layout.machine)
-        cross = HorovodCommunicator(self._level_sets[2], counter=counter,
-                                    name_prefix="mergecomp.cross%d" % layout.local_rank)
-        self._two_level = TwoLevelReduce(layout, machine, cross)
-
-    def _forget_levels(self):
-        """After an elastic reset: Horovod's process sets are gone with its old world."""
-        self._level_sets = None
-        self._two_level = None
-
-    def _reduce_group_in_levels(self, index, start, grads, state_vars, step, communicator,
-                                codec_name):
-        if self._two_level is None:
-            return self._reduce_group(index, start, grads, state_vars, step, communicator,
-                                      codec_name)
-        key = (index, sum(self._layout.sizes[start:start + len(grads)]))
-
-        def reduce_shard(pieces, cross):
-            return self._reduce_group(index, start, pieces, state_vars, step, cross, codec_name)
-
-        # The search's recorder hands a communicator that times the group's collectives:
-        # it times the three of a two-level group (``around``).
-        return self._two_level.reduce_group(grads, key, reduce_shard,
-                                            wrap=getattr(communicator, "around", None))
-
-    def _flush_before_plain_horovod(self, state, dense):
-        """(gradients plus what the memory has not sent, op clearing it afterwards) for a
-        step that plain Horovod reduces: on two levels, this rank's pieces count once per
-        machine in the average over all ranks."""
-        from tf_mergecomp import plain_groups
-
-        if self._two_level is None:
-            flush = plain_groups.StateFlush(self.memory, state, dense)
-            return flush.gradients_to_send(), flush.clear_sent_state
-        ranks = self._two_level.layout.ranks_per_machine
-        # A rank holding a non-finite gradient sends nothing extra and keeps its state,
-        # as on the flat path: its pieces are NaN for the flush, which then keeps it.
-        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in dense])
-        marker = tf.where(finite, 0.0, float("nan"))
-        pieces = [tf.fill([piece_size(g.shape.num_elements(), ranks)], marker) for g in dense]
-        flush = plain_groups.StateFlush(self.memory, state, pieces)
-        pending = [tf.where(finite, p, tf.zeros_like(p)) for p in flush.gradients_to_send()]
-        spread = self._two_level.spread_pieces(pending, [g.shape for g in dense])
-        return ([g + tf.cast(s, g.dtype) for g, s in zip(dense, spread)],
-                flush.clear_sent_state)

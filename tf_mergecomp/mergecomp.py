@@ -30,7 +30,7 @@ from tf_mergecomp import memory as memories
 from tf_mergecomp import reference
 from tf_mergecomp import seeds
 from tf_mergecomp.communication import HorovodCommunicator
-from tf_mergecomp.hierarchical import TwoLevelGroups
+from tf_mergecomp.levels import TwoLevelGroups
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 from tf_mergecomp.state_variables import StateVariables
 
@@ -172,7 +172,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         the first trace."""
         if self._group_codecs is None and self.splits is not None:
             self._group_codecs = plain_groups.resolve_group_codecs(
-                self._group_codecs_spec, len(self.splits) + 1, self.codec_choices)
+                self._group_codecs_spec, len(self.splits) + 1, self.group_codec_names)
         return self._group_codecs
 
     def set_partition(self, partitions, group_codecs=None):
@@ -187,11 +187,11 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         ``tf.function`` of the train step (``PartitionSearchDriver.function`` does).
         """
         spec = grouping.check_partition_spec(partitions)
-        codecs_spec = plain_groups.check_group_codecs_spec(group_codecs, self.codec_choices)
+        codecs_spec = plain_groups.check_group_codecs_spec(group_codecs, self.group_codec_names)
         if self._layout is not None:
             splits = grouping.resolve_splits(spec, self._layout.sizes)
             codecs = plain_groups.resolve_group_codecs(codecs_spec, len(splits) + 1,
-                                                       self.codec_choices)
+                                                       self.group_codec_names)
         else:
             splits = codecs = None
         self._partition_spec = spec
@@ -247,8 +247,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             "compressor": [self.compressor.name, self.compressor.params],
             "memory": [self.memory.name, self.memory.params],
         }
-        if self._state_shards != 1:  # each rank's state is its piece of every tensor
-            settings["state_shards"] = self._state_shards
+        settings.update(self.level_settings())
         return consistency.fingerprint(settings)
 
     # ---- the reduce function Horovod calls ------------------------------------------
@@ -412,12 +411,13 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         """
         grads = list(grads)
         codec = self.compressor.name if codec is None else codec
-        if codec not in self.codec_choices:
+        if codec not in self.group_codec_names:
             raise ValueError("codec must be one of %s, got %r"
-                             % (", ".join(self.codec_choices), codec))
+                             % (", ".join(self.group_codec_names), codec))
         state = self.state_variables(self._state_device(grads))[start:start + len(grads)]
         step = tf.cast(step, tf.int64)
-        return self._reduce_group(index, start, grads, state, step, communicator, codec)
+        return self._reduce_group_in_levels(index, start, grads, state, step, communicator,
+                                            codec)
 
     def _reduce_group(self, index, start, grads, state_vars, step, communicator, codec_name):
         seed = self._group_seed(step, start, communicator)

@@ -157,6 +157,29 @@ def run_bitwise():
                                    for a, b in zip(outcome[True][1], outcome[False][1])))
 
 
+def run_mixed_levels():
+    """hierarchical=None: a level per group, as the search sets it; the state follows a
+    group from one level to the other."""
+    from tf_mergecomp.search import PartitionSearchDriver
+
+    mc = MergeComp("efsignsgd", partitions=[2], hierarchical=None)
+    mc.set_partition([2], group_codecs=["efsignsgd/two-level", "efsignsgd"])
+    model, optimizer = train(mc, 3)
+    n = mc.num_tensors
+    full_before = [float(np.abs(v.numpy()).max()) for v in mc.existing_state_variables()[:n]]
+    pieces_before = [float(np.abs(v.numpy()).max()) for v in mc.existing_state_variables()[n:]]
+    sizes = [int(v.shape.num_elements()) for v in mc.existing_state_variables()]
+    mc.set_partition([2], group_codecs=["efsignsgd", "efsignsgd/two-level"])
+    train(mc, 1, model, optimizer)
+    full_after = [float(np.abs(v.numpy()).max()) for v in mc.existing_state_variables()[:n]]
+    pieces_after = [float(np.abs(v.numpy()).max()) for v in mc.existing_state_variables()[n:]]
+    report(codec="mixed", two_level=mc.two_level, n=n, sizes=sizes,
+           choices=list(mc.two_level_codec_choices),
+           searched=list(PartitionSearchDriver(mc, verbose=0).searched_codecs()),
+           describe=mc.describe(), full_before=full_before, pieces_before=pieces_before,
+           full_after=full_after, pieces_after=pieces_after, checksum=weights_checksum(model))
+
+
 def run_disagreement():
     """Rank 0 asks for two levels, the others for the flat reduce: refused on every rank."""
     mc = MergeComp("efsignsgd", partitions=2, hierarchical=hvd.rank() == 0)
@@ -182,6 +205,7 @@ if mode == "registered":
 elif mode == "two_by_two":
     run_exact()
     run_train()
+    run_mixed_levels()
 else:
     run_bitwise()
     run_disagreement()
