@@ -1,6 +1,8 @@
 """The two-level reduce (tf_mergecomp/hierarchical.py): settings refused at construction,
 the machine layout's checks, and real runs of 2 machines x 2 ranks on this host."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,22 @@ def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):
         for r in results[rank][:-1]:
             assert not r["two_level"]
             assert r["weights_identical"] and r["state_identical"], (hosts, r)
+
+
+@pytest.mark.multiworker
+def test_the_search_chooses_a_level_per_group_on_two_by_two(tmp_path):
+    from tests import horovodrun
+
+    # hierarchical=None: the search probes each group codec flat and on two levels.
+    results, output = horovodrun.run("search_callback.py", np=4,
+                                     args=["efsignsgd", "tape", str(tmp_path / "log")],
+                                     hosts=TWO_BY_TWO, env=DYNAMIC, timeout=420)
+    ends = [results[rank][-1] for rank in range(4)]
+    assert len({r["checksum"] for r in ends}) == 1  # weights identical on all 4
+    assert len({json.dumps(r["group_codecs"]) for r in ends}) == 1
+    for r in ends:
+        assert r["done"] and r["cost"]["traces"] <= 6, r["cost"]
+        allowed = {"efsignsgd", "none", "efsignsgd/two-level", "none/two-level"}
+        assert r["steps_aside"] or set(r["group_codecs"]) <= allowed, r
+    assert "alone with efsignsgd/two-level" in output
+    assert "alone with none/two-level" in output
