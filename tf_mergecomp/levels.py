@@ -91,6 +91,15 @@ class TwoLevelGroups:
         return {"hierarchical": self.hierarchical,
                 "machines": None if layout is None else layout.describe()}
 
+    def level_identity(self):
+        """What a saved search result depends on besides the model and the codec: the
+        setting and the machines, where groups may take two levels ({} otherwise)."""
+        if self.hierarchical is None and self._piece_shards < 2:
+            return {}
+        layout = self._machine_layout
+        return {"hierarchical": self.hierarchical,
+                "machines": None if layout is None else layout.describe()}
+
     def level_settings(self):
         """What the state's shape depends on, for ``settings_fingerprint``."""
         settings = {}

@@ -66,8 +66,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         compressor (the behaviour before per-group codecs).
       hierarchical: True: each group is averaged inside the machine, compressed by
         shards across machines, gathered inside the machine; state kept per shard
-        (tf_mergecomp/hierarchical.py, process sets there). False or None (default):
-        the flat reduce (the partition search does not choose the level yet).
+        (tf_mergecomp/hierarchical.py, process sets there). False: flat. None
+        (default): flat, unless the search sets a group two-level (levels.py).
       **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
     """
 
