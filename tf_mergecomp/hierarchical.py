@@ -27,7 +27,9 @@ survives an elastic reset while the machine layout stays; a reset that changes t
 per machine starts the state afresh.
 
 With one machine, or one rank per machine, a group takes the flat path: the same ops as
-``hierarchical=False``, bit for bit.
+``hierarchical=False``, bit for bit. Which groups take two levels (all with
+``hierarchical=True``, those the search chose with ``None``), and MergeComp's state around
+them: tf_mergecomp/levels.py.
 
 Process sets. Step 1 and 3 run on the machine's process set (its L ranks), step 2 on the
 set of the ranks with this local rank. Horovod 0.28.1 registers process sets at
