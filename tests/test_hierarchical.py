@@ -33,6 +33,24 @@ def test_default_is_flat_and_describe_unchanged():
     assert forced.describe()["machines"] is None  # known from the first trace
 
 
+def test_two_level_group_codecs_only_when_the_search_may_choose():
+    from tf_mergecomp.levels import split_level
+
+    assert split_level("efsignsgd/two-level") == ("efsignsgd", True)
+    assert split_level("none") == ("none", False)
+    searched = MergeComp("topk")
+    assert searched.group_codec_names == ("topk", "none", "fp16", "topk/two-level",
+                                          "none/two-level", "fp16/two-level")
+    assert searched.two_level_codec_choices == ()  # known from a trace on several machines
+    assert searched.level_identity() == {}
+    searched.set_partition([1], group_codecs=["topk/two-level", "none"])  # accepted
+    for fixed in (MergeComp("topk", hierarchical=False), MergeComp("topk", hierarchical=True),
+                  MergeComp("powersgd")):
+        assert fixed.group_codec_names == fixed.codec_choices
+        with pytest.raises(ValueError, match="not one of"):
+            fixed.set_partition([1], group_codecs=[fixed.compressor_name + "/two-level"] * 2)
+
+
 def test_layout_shards_and_process_set_ranks():
     layout = hierarchical.MachineLayout(rank=5, size=8, ranks_per_machine=4, machines=2)
     assert (layout.local_rank, layout.machine, layout.two_level) == (1, 1, True)
