@@ -162,7 +162,8 @@ def process_sets_for(layout):
     missing = [ranks for ranks in wanted if tuple(ranks) not in registered]
     if missing and not _dynamic_process_sets():
         raise ValueError(
-            "a two-level reduce (hierarchical=True) needs Horovod process sets for the machines and across them: "
+            "a two-level reduce (hierarchical=True) needs Horovod process sets for the "
+            "machines and across them: "
             "run with HOROVOD_DYNAMIC_PROCESS_SETS=1 (or hvd.init(process_sets=\"dynamic\")) "
             "and MergeComp adds them, or register them at start: "
             "hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets())")

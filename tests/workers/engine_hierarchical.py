@@ -1,15 +1,16 @@
 """The two-level reduce on machines of several ranks (run with horovodrun -H a:2,b:2).
 
-``two_by_two``: ``exact`` then ``train``. ``exact``: one reduce per codec of known per-rank gradients (the flat average is
-computed here from every rank's seed), without dynamic process sets first (refused),
-then with them.
+``two_by_two``: ``exact``, ``train``, then a level per group. ``exact``: one reduce per
+codec of known per-rank gradients (the flat average is computed here from every rank's
+seed), without dynamic process sets first (refused), then with them,
 and of a gradient that rank 3 holds non-finite.
 ``train``: a few training steps per compressing codec, hierarchical against flat:
 weights, state sizes, a rank-state checkpoint round trip of the sharded state, then a
 group turned plain and MergeComp stepping aside (the sharded state flushed).
 ``registered``: one exact reduce with the process sets given to ``hvd.init``.
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
-machine, or one machine: both must be the flat reduce, bit for bit).
+machine, or one machine: both must be the flat reduce, bit for bit), then rank 0 asking
+for two levels and the others not (refused on every rank).
 """
 
 import os
