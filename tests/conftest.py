@@ -11,5 +11,6 @@ if importlib.util.find_spec("tf_keras") is not None:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "multiworker: starts real Horovod ranks (horovodrun -np 2 or 3 over Gloo, "
+        "markers", "multiworker: starts real Horovod ranks (horovodrun -np 2 or 3 over Gloo, 4 as "
+        "2 machines x 2, "
         "or ranks in network namespaces); `make test-quick` leaves them out")

@@ -26,7 +26,8 @@ def horovodrun_path():
     return str(candidate) if candidate.exists() else "horovodrun"
 
 
-def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elastic=None):
+def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elastic=None,
+        hosts=None):
     """Runs ``script`` on ``np`` ranks; returns {rank: [result dicts]}, output.
 
     ``script`` is a file in tests/workers/, or a path relative to the repository.
@@ -34,9 +35,13 @@ def run(script, np=2, args=(), timeout=240, expect_failure=False, env=None, elas
     localhost (over the loopback interface: elastic Gloo jobs hang here
     without ``--network-interface lo``); results are then collected for ranks
     up to max_np.
+    ``hosts``: horovodrun's ``-H``; "localhost:2,127.0.0.1:2" makes two machines of two
+    ranks on this one (Horovod then reports local size 2 and cross size 2).
     """
     path = WORKERS / script if "/" not in str(script) else REPO / script
     launcher = [horovodrun_path(), "-np", str(np)]
+    if hosts is not None:
+        launcher += ["-H", hosts]
     if elastic is None:
         launcher.append("--gloo")
     else:

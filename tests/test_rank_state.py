@@ -77,14 +77,16 @@ def test_step_travels_with_the_optimizer_variables_and_comes_from_rank0(tmp_path
         assert per_rank[0][check]["checksum"] == per_rank[1][check]["checksum"], check
 
 
-def _elastic(tmp_path, start, target, compressor):
+def _elastic(tmp_path, start, target, compressor, hosts_text=None, extra=(), env=None,
+             timeout=150):
     hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:%d\n" % start)
+    hosts.write_text(hosts_text or "localhost:%d\n" % start)
     discovery = tmp_path / "discover.sh"
     discovery.write_text("#!/bin/sh\ncat %s\n" % hosts)
     discovery.chmod(discovery.stat().st_mode | stat.S_IXUSR)
-    return horovodrun.run("elastic_resize.py", np=start, args=[hosts, target, compressor],
-                          elastic=(1, 2, discovery), timeout=150)
+    return horovodrun.run("elastic_resize.py", np=start,
+                          args=[hosts, target, compressor] + list(extra),
+                          elastic=(1, max(start, target), discovery), timeout=timeout, env=env)
 
 
 def _check_elastic_end(results, target, before):
@@ -116,6 +118,25 @@ def test_elastic_shrink_from_two_ranks_to_one(tmp_path):
     # A custom-loop step traced for two ranks and not rebuilt says so.
     (stale,) = [r for rank in results for r in results[rank] if r["check"] == "stale"]
     assert "this training step was traced for a world of 2 ranks" in stale["error"], stale
+
+
+@pytest.mark.multiworker
+def test_elastic_hierarchical_from_two_machines_to_one(tmp_path):
+    # 2 machines x 2 ranks (two-level, each rank keeping its half of each tensor's residual),
+    # then one machine of 2 (flat): the state restores at a rollback and restarts after.
+    results, _ = _elastic(tmp_path, 4, 2, "efsignsgd", hosts_text="localhost:2\n127.0.0.1:2\n",
+                          extra=["hierarchical"], env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"},
+                          timeout=300)
+    restores = [r for rank in range(4) for r in results[rank] if r["check"] == "restore"]
+    assert len(restores) == 4, results
+    for r in restores:  # in the first world: two levels, half of every tensor's residual
+        assert r["moved"] and r["weights"] and r["step"] and r["state"], r
+        assert r["two_level"] and r["state_size"] == 484 // 2, r
+    finished, _ = _check_elastic_end(results, target=2, before=4)
+    for r in finished:
+        assert not r["two_level"]  # one machine now: the flat reduce, the full state
+        assert r["state_sizes"] == finished[0]["state_sizes"]
+    assert sum(finished[0]["state_sizes"]) == 484  # every element of the 6 tensors
 
 
 @pytest.mark.multiworker

@@ -64,6 +64,15 @@ class HorovodCommunicator:
             )
         return self._counted(result)
 
+    def reducescatter_mean(self, tensor, key):
+        """Rank r's part (the r-th of ``size`` equal parts of the first dimension) of
+        the ranks' average of ``tensor``."""
+        with self._checked_world():
+            result = self._hvd.reducescatter(
+                tensor, op=self._hvd.Average, name=self._name(key), process_set=self.process_set
+            )
+        return self._counted(result)
+
     def allgather(self, tensor, key):
         with self._checked_world():
             result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)

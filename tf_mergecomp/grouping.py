@@ -113,3 +113,17 @@ def unflatten(flat, shapes, dtypes):
     sizes = [shape.num_elements() for shape in shapes]
     parts = [flat] if len(sizes) == 1 else tf.split(flat, sizes)
     return [tf.cast(tf.reshape(p, shape), dtype) for p, shape, dtype in zip(parts, shapes, dtypes)]
+
+
+def tensor_names(grads, variables):
+    """A label per gradient: its variable's name when Horovod passes the variables."""
+    if variables is not None and len(variables) == len(grads):
+        return [getattr(v, "name", "gradient %d" % i) for i, v in enumerate(variables)]
+    return ["gradient %d" % i for i in range(len(grads))]
+
+
+def densify(grad):
+    """Embedding gradients made dense: merged groups need dense buffers (zeros are sent)."""
+    import tensorflow as tf
+
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad

@@ -30,6 +30,7 @@ from tf_mergecomp import memory as memories
 from tf_mergecomp import reference
 from tf_mergecomp import seeds
 from tf_mergecomp.communication import HorovodCommunicator
+from tf_mergecomp.levels import TwoLevelGroups
 from tf_mergecomp.rank_state import NO_ORIGIN, RankState
 from tf_mergecomp.state_variables import StateVariables
 
@@ -37,7 +38,7 @@ from tf_mergecomp.state_variables import StateVariables
 PLAIN_CODECS = plain_groups.PLAIN_CODECS
 
 
-class MergeComp(StateVariables, tf.Module):
+class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
     """A compression scheduler usable as Horovod's ``compression=`` argument.
 
     Args:
@@ -63,11 +64,15 @@ class MergeComp(StateVariables, tf.Module):
         its accumulation and momentum) with its first plain step; one that
         switches back starts from a zero state. False: every group uses the
         compressor (the behaviour before per-group codecs).
+      hierarchical: True: each group is averaged inside the machine, compressed by
+        shards across machines, gathered inside the machine; state kept per shard
+        (tf_mergecomp/hierarchical.py, process sets there). False: flat. None
+        (default): flat, unless the search sets a group two-level (levels.py).
       **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
     """
 
     def __init__(self, compressor, memory=None, partitions=None, seed=0, nonfinite="propagate",
-                 plain_groups=True, name="mergecomp", **compressor_params):
+                 plain_groups=True, hierarchical=None, name="mergecomp", **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
         self.memory = memories.for_compressor(self.compressor, memory, compressor_params)
@@ -84,6 +89,7 @@ class MergeComp(StateVariables, tf.Module):
         if not isinstance(plain_groups, bool):
             raise ValueError("plain_groups must be True or False, got %r" % (plain_groups,))
         self.plain_groups = plain_groups
+        self._init_levels(hierarchical)
         self._plain_codecs = {name: compressors.get(name) for name in PLAIN_CODECS
                               if name != self.compressor.name}
         self._partition_spec = grouping.check_partition_spec(partitions)
@@ -166,7 +172,7 @@ class MergeComp(StateVariables, tf.Module):
         the first trace."""
         if self._group_codecs is None and self.splits is not None:
             self._group_codecs = plain_groups.resolve_group_codecs(
-                self._group_codecs_spec, len(self.splits) + 1, self.codec_choices)
+                self._group_codecs_spec, len(self.splits) + 1, self.group_codec_names)
         return self._group_codecs
 
     def set_partition(self, partitions, group_codecs=None):
@@ -181,11 +187,11 @@ class MergeComp(StateVariables, tf.Module):
         ``tf.function`` of the train step (``PartitionSearchDriver.function`` does).
         """
         spec = grouping.check_partition_spec(partitions)
-        codecs_spec = plain_groups.check_group_codecs_spec(group_codecs, self.codec_choices)
+        codecs_spec = plain_groups.check_group_codecs_spec(group_codecs, self.group_codec_names)
         if self._layout is not None:
             splits = grouping.resolve_splits(spec, self._layout.sizes)
             codecs = plain_groups.resolve_group_codecs(codecs_spec, len(splits) + 1,
-                                                       self.codec_choices)
+                                                       self.group_codec_names)
         else:
             splits = codecs = None
         self._partition_spec = spec
@@ -222,6 +228,7 @@ class MergeComp(StateVariables, tf.Module):
             "plain_groups": self.plain_groups,
             "group_codecs": None if self.group_codecs is None else list(self.group_codecs),
             "plain_horovod": self._steps_aside,
+            **self.describe_levels(),
         }
 
     def model_fingerprint(self):
@@ -235,11 +242,13 @@ class MergeComp(StateVariables, tf.Module):
         on it). None before the first trace."""
         if self._layout is None:
             return None
-        return consistency.fingerprint({
+        settings = {
             "layout": self._layout.describe(),
             "compressor": [self.compressor.name, self.compressor.params],
             "memory": [self.memory.name, self.memory.params],
-        })
+        }
+        settings.update(self.level_settings())
+        return consistency.fingerprint(settings)
 
     # ---- the reduce function Horovod calls ------------------------------------------
 
@@ -278,7 +287,7 @@ class MergeComp(StateVariables, tf.Module):
                                                   plain_horovod(), process_set)
             del use_generic_names
             grads = list(grads)
-            names = _tensor_names(grads, vars)
+            names = grouping.tensor_names(grads, vars)
             if not tf.executing_eagerly():
                 return reduce_in_graph(grads, names)
             if self._eager_reduce is None:
@@ -302,6 +311,7 @@ class MergeComp(StateVariables, tf.Module):
         Returns the state variables and the agreement check's guards, which
         the step's collectives wait for."""
         self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
+        self._plan_levels(communicator)
         description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
                            nonfinite=self.nonfinite, **self.describe())
         guards = []
@@ -314,6 +324,7 @@ class MergeComp(StateVariables, tf.Module):
             guards = consistency.check_ranks_agree(description, communicator.process_set)
             if not guards:  # checked at trace time (eagerly), not in the graph
                 self._agreed_description = description
+        self._connect_levels(communicator)
         state = self.state_variables(self._state_device(dense))
         # At the first trace: agree with the other ranks on whose state was
         # restored (reset it everywhere unless each rank holds its own) and
@@ -330,17 +341,16 @@ class MergeComp(StateVariables, tf.Module):
         order = present[::-1]
         if not order:
             return plain_reduce(grads, variables, use_generic_names)
-        dense = [_densify(grads[i]) for i in order]
+        dense = [grouping.densify(grads[i]) for i in order]
         communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
         state, guards = self._begin_step(dense, communicator)
         with tf.control_dependencies(guards):
-            flush = plain_groups.StateFlush(self.memory, state, dense)
-            sent = flush.gradients_to_send()
+            sent, clear_sent_state = self._flush_before_plain_horovod(state, dense)
         full = list(grads)
         for position, i in enumerate(order):
             full[i] = sent[position]
         reduced = plain_reduce(full, variables, use_generic_names)
-        with tf.control_dependencies(flush.clear_sent_state()):
+        with tf.control_dependencies(clear_sent_state()):
             return [None if r is None else tf.identity(r) for r in reduced]
 
     def _reduce(self, grads, communicator, scale_by_size, names):
@@ -349,7 +359,7 @@ class MergeComp(StateVariables, tf.Module):
         order = present[::-1]
         if not order:
             return list(grads)
-        dense = [_densify(grads[i]) for i in order]
+        dense = [grouping.densify(grads[i]) for i in order]
         seeds.check_layout(len(order), communicator.size)
         state, guards = self._begin_step(dense, communicator)
         splits, group_codecs = self.splits, self.group_codecs
@@ -363,7 +373,7 @@ class MergeComp(StateVariables, tf.Module):
                     if self.step_recorder is not None:
                         group, group_communicator = self.step_recorder.group_inputs(
                             index, start, group, communicator)
-                    outputs, flags = self._reduce_group(
+                    outputs, flags = self._reduce_group_in_levels(
                         index, start, group, state[start:end], step, group_communicator,
                         group_codecs[index])
                     if self.step_recorder is not None:
@@ -401,12 +411,13 @@ class MergeComp(StateVariables, tf.Module):
         """
         grads = list(grads)
         codec = self.compressor.name if codec is None else codec
-        if codec not in self.codec_choices:
+        if codec not in self.group_codec_names:
             raise ValueError("codec must be one of %s, got %r"
-                             % (", ".join(self.codec_choices), codec))
+                             % (", ".join(self.group_codec_names), codec))
         state = self.state_variables(self._state_device(grads))[start:start + len(grads)]
         step = tf.cast(step, tf.int64)
-        return self._reduce_group(index, start, grads, state, step, communicator, codec)
+        return self._reduce_group_in_levels(index, start, grads, state, step, communicator,
+                                            codec)
 
     def _reduce_group(self, index, start, grads, state_vars, step, communicator, codec_name):
         seed = self._group_seed(step, start, communicator)
@@ -467,21 +478,10 @@ class MergeComp(StateVariables, tf.Module):
         and checks its description with the (new) other ranks again."""
         self._eager_reduce = None
         self._agreed_description = None
+        self._forget_levels()
 
     def __repr__(self):
         return "MergeComp(%r, memory=%r, splits=%r)" % (self.compressor, self.memory, self.splits)
-
-
-def _tensor_names(grads, variables):
-    """A label per gradient: its variable's name when Horovod passes the variables."""
-    if variables is not None and len(variables) == len(grads):
-        return [getattr(v, "name", "gradient %d" % i) for i, v in enumerate(variables)]
-    return ["gradient %d" % i for i in range(len(grads))]
-
-
-def _densify(grad):
-    """Embedding gradients made dense: merged groups need dense buffers (zeros are sent)."""
-    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 def find_mergecomp(owner):

@@ -42,7 +42,7 @@ def check_group_codecs_spec(spec, choices):
     for name in spec:
         if name not in choices:
             hint = ""
-            if name in PLAIN_CODECS and len(choices) == 1:
+            if name in PLAIN_CODECS and not any(c in PLAIN_CODECS for c in choices):
                 hint = " (plain groups are off: MergeComp(..., plain_groups=False))"
             raise ValueError("group codec %r is not one of %s%s"
                              % (name, ", ".join(choices), hint))

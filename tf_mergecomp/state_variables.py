@@ -76,6 +76,11 @@ class StateVariables:
                     self._state.append(tf.Variable(
                         self._initial_state_value(i), trainable=False,
                         name="%s_%d" % ("_".join(names) or "codec_state", i)))
+                if self._piece_shards > 1 and names:  # levels.py: pieces beside it
+                    self._piece_state = [tf.Variable(
+                        tf.zeros([len(names) * -(-size // self._piece_shards)]),
+                        trainable=False, name="piece_%s_%d" % ("_".join(names), i))
+                        for i, size in enumerate(self._layout.sizes)]
             # A checkpoint restored before the first step has just been
             # restored into the new variables; a decision taken about it
             # (reset, or this rank's own saved state) applies now.
@@ -83,7 +88,9 @@ class StateVariables:
         return list(self._state or [])
 
     def _initial_state_value(self, i):
+        # On two levels (hierarchical.py) a rank keeps its piece of each tensor only.
         shape, size = self._layout.shapes[i], self._layout.sizes[i]
+        size = -(-size // self._state_shards)
         initial = [tf.zeros([len(self.memory.state_names) * size], tf.float32)]
         codec_size = self.compressor.codec_state_size(shape)
         if codec_size:
@@ -94,7 +101,9 @@ class StateVariables:
     def existing_state_variables(self):
         """The state variables once created (a list, [] when nothing keeps
         state), None before: unlike ``state_variables``, creates nothing."""
-        return None if self._state is None else list(self._state)
+        if self._state is None:
+            return None
+        return list(self._state) + list(self._piece_state or [])
 
     def keeps_state(self):
         """Whether this MergeComp has per-tensor state at all (nothing to agree on otherwise)."""
@@ -109,3 +118,5 @@ class StateVariables:
             for i, variable in enumerate(self._state or []):
                 with tf.device(variable.device):
                     variable.assign(self._initial_state_value(i))
+            for variable in self._piece_state or []:
+                variable.assign(tf.zeros_like(variable))

@@ -1,6 +1,9 @@
 """Elastic Keras training with MergeComp whose world grows or shrinks (hvd.elastic.KerasState).
 
-Usage: elastic_resize.py HOSTS_FILE TARGET_SIZE COMPRESSOR
+Usage: elastic_resize.py HOSTS_FILE TARGET_SIZE COMPRESSOR [hierarchical]
+
+``hierarchical``: MergeComp(..., hierarchical=True) (the first world two machines of two
+ranks, the new one localhost:TARGET_SIZE); the end reports the state's sizes.
 
 The host discovery script prints HOSTS_FILE. After CHANGE_EPOCH committed
 epochs rank 0 writes ``localhost:TARGET_SIZE`` into it; training goes on until
@@ -27,13 +30,15 @@ from tf_mergecomp import MergeComp
 
 hvd.init()
 hosts_file, target, compressor = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+hierarchical = sys.argv[4:] == ["hierarchical"]
 CHANGE_EPOCH, AFTER, MAX_EPOCHS = 3, 2, 40
 
 
 warnings = capture_warnings()
 
 model = small_classifier()
-mc = MergeComp(compressor, partitions=2, **({"ratio": 0.2} if compressor == "dgc" else {}))
+mc = MergeComp(compressor, partitions=2, hierarchical=True if hierarchical else None,
+               **({"ratio": 0.2} if compressor == "dgc" else {}))
 model.compile(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.5), compression=mc),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 model.build((None, 8))
@@ -58,7 +63,8 @@ def check_restore(x, y):
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # not committed
     moved = int(mc.step.numpy()) != committed[1]
     state.restore()
-    report(check="restore", moved=moved,
+    report(check="restore", moved=moved, two_level=mc.two_level,
+           state_size=sum(int(v.shape.num_elements()) for v in mc.existing_state_variables()),
            weights=all(np.array_equal(a, b) for a, b in zip(values(model.variables), committed[0])),
            step=int(mc.step.numpy()) == committed[1],
            state=all(np.array_equal(a, b)
@@ -113,6 +119,7 @@ if stale is not None:
     except tf.errors.InvalidArgumentError as error:
         report(check="stale", error=error.message)
 report(check="end", rank=hvd.rank(), size=hvd.size(), checksum=weights_checksum(model),
-       step=int(mc.step.numpy()), epoch=state.epoch, resized_at=state.resized_at, sizes=sizes,
+       step=int(mc.step.numpy()), epoch=state.epoch, two_level=mc.two_level,
+       state_sizes=[int(v.shape.num_elements()) for v in mc.existing_state_variables()], resized_at=state.resized_at, sizes=sizes,
        warnings=warnings.messages, finite=bool(np.all([np.isfinite(w).all() for w in
                                                          values(model.trainable_variables)])))

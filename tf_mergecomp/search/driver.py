@@ -40,6 +40,7 @@ from tf_mergecomp.search import measure, store
 from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
     MAX_TURN_FACTOR, check_settings, steps_per_turn)
 from tf_mergecomp.search.store import PartitionStore
+from tf_mergecomp.levels import TWO_LEVEL
 
 
 class PartitionSearchDriver:
@@ -288,13 +289,16 @@ class PartitionSearchDriver:
 
     def searched_codecs(self):
         """The codecs the search chooses from per group: the compressor and
-        ``plain_codecs`` with ``plain_groups``; None: the compressor only."""
+        ``plain_codecs`` with ``plain_groups``, each also on two levels where the
+        MergeComp offers it (``two_level_codec_choices``, hierarchical=None on
+        machines of several ranks); None: the compressor only, flat."""
         compression = self.compression
         name = compression.compressor.name
         plain = [c for c in self.plain_codecs if c in compression.codec_choices and c != name]
-        if not compression.plain_groups or not plain:
-            return None
-        return (name,) + tuple(plain)
+        flat = (name,) + (tuple(plain) if compression.plain_groups else ())
+        two_level = tuple(getattr(compression, "two_level_codec_choices", ()))
+        flat_and_two_level = flat + tuple(c + TWO_LEVEL for c in flat if c + TWO_LEVEL in two_level)
+        return None if len(flat_and_two_level) == 1 else flat_and_two_level
 
     def apply_layout(self, layout):
         """Sets the MergeComp to train with ``layout`` from the next trace on:

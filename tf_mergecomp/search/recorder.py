@@ -272,8 +272,16 @@ class _ChainedCommunicator:
         self._stamps[COLLECTIVE_END] = _stamp_after([result])
         return _after([result], self._stamps[COLLECTIVE_END])[0]
 
+    def around(self, inner):
+        """Another communicator (a two-level group's, tf_mergecomp/hierarchical.py),
+        stamped into the same group's times."""
+        return _ChainedCommunicator(inner, self._stamps)
+
     def allreduce_mean(self, tensor, key):
         return self._collective(self._inner.allreduce_mean, tensor, key)
+
+    def reducescatter_mean(self, tensor, key):
+        return self._collective(self._inner.reducescatter_mean, tensor, key)
 
     def allgather(self, tensor, key):
         return self._collective(self._inner.allgather, tensor, key)
@@ -311,7 +319,7 @@ class ExchangeProbe:
         # holds it in variables), so the probe may share them.
         self.mergecomp = MergeComp(compression.compressor, memory=compression.memory,
                                    seed=compression.seed, plain_groups=compression.plain_groups,
-                                   name="mergecomp_probe")
+                                   hierarchical=compression.hierarchical, name="mergecomp_probe")
         generator = tf.random.Generator.from_seed(seed)
         # The engine reverses the list it is given (Keras passes the forward
         # order): reverse it here so that the probe's tensor i is the real one.

@@ -140,6 +140,10 @@ def identity(compression):
     description = dict(compression.describe())
     for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
         description.pop(chosen, None)
+    # The level setting and the machines, whatever levels the chosen groups took.
+    for level in ("hierarchical", "machines"):
+        description.pop(level, None)
+    description.update(getattr(compression, "level_identity", dict)())
     return {
         "model_fingerprint": compression.model_fingerprint(),
         "world_size": communication.world_size(),

@@ -1,0 +1,226 @@
+"""The two-level reduce (tf_mergecomp/hierarchical.py): settings refused at construction,
+the machine layout's checks, and real runs of 2 machines x 2 ranks on this host."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tf_mergecomp import MergeComp
+from tf_mergecomp import hierarchical
+
+TWO_BY_TWO = "localhost:2,127.0.0.1:2"
+DYNAMIC = {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "auto"])
+def test_bad_choice_is_refused_naming_the_choices(value):
+    with pytest.raises(ValueError, match="hierarchical must be one of True.*False.*None"):
+        MergeComp("efsignsgd", hierarchical=value)
+
+
+def test_codec_with_its_own_group_reduce_is_refused():
+    with pytest.raises(ValueError, match="hierarchical=True is not available for 'powersgd'"):
+        MergeComp("powersgd", hierarchical=True)
+    MergeComp("powersgd", hierarchical=False)
+
+
+def test_default_is_flat_and_describe_unchanged():
+    flat = MergeComp("efsignsgd")
+    assert flat.hierarchical is None and "hierarchical" not in flat.describe()
+    forced = MergeComp("efsignsgd", hierarchical=True)
+    assert forced.describe()["hierarchical"] is True
+    assert forced.describe()["machines"] is None  # known from the first trace
+
+
+def test_two_level_group_codecs_only_when_the_search_may_choose():
+    from tf_mergecomp.levels import split_level
+
+    assert split_level("efsignsgd/two-level") == ("efsignsgd", True)
+    assert split_level("none") == ("none", False)
+    searched = MergeComp("topk")
+    assert searched.group_codec_names == ("topk", "none", "fp16", "topk/two-level",
+                                          "none/two-level", "fp16/two-level")
+    assert searched.two_level_codec_choices == ()  # known from a trace on several machines
+    assert searched.level_identity() == {}
+    searched.set_partition([1], group_codecs=["topk/two-level", "none"])  # accepted
+    for fixed in (MergeComp("topk", hierarchical=False), MergeComp("topk", hierarchical=True),
+                  MergeComp("powersgd")):
+        assert fixed.group_codec_names == fixed.codec_choices
+        with pytest.raises(ValueError, match="not one of"):
+            fixed.set_partition([1], group_codecs=[fixed.compressor_name + "/two-level"] * 2)
+
+
+def test_layout_shards_and_process_set_ranks():
+    layout = hierarchical.MachineLayout(rank=5, size=8, ranks_per_machine=4, machines=2)
+    assert (layout.local_rank, layout.machine, layout.two_level) == (1, 1, True)
+    assert layout.machine_ranks(1) == [4, 5, 6, 7]
+    assert layout.cross_ranks(1) == [1, 5]
+    assert layout.all_process_set_ranks() == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 4], [1, 5],
+                                              [2, 6], [3, 7]]
+    assert not hierarchical.MachineLayout(0, 4, 1, 4).two_level
+    assert not hierarchical.MachineLayout(0, 4, 4, 1).two_level
+    assert [hierarchical.piece_size(n, 4) for n in (1, 4, 5, 8)] == [1, 1, 2, 2]
+
+
+def test_uneven_machines_are_refused():
+    # 3 ranks seen as machines of 2 (horovodrun -H a:2,b:1): refused, saying how to fix it.
+    with pytest.raises(ValueError, match="equal numbers of ranks.*-H host1:4,host2:4"):
+        hierarchical.MachineLayout(rank=0, size=3, ranks_per_machine=2, machines=2).check()
+
+
+def test_state_size_is_one_piece_per_tensor():
+    mc = MergeComp("efsignsgd", hierarchical=True)
+    mc.set_gradient_layout([[5, 3], [7]], ["float32", "float32"])
+    mc._state_shards = 2  # as a trace on machines of 2 ranks sets it
+    assert [v.shape.num_elements() for v in mc.state_variables()] == [8, 4]
+
+
+def _flat_state_sizes(ranks_per_machine):
+    """In backprop order (the reverse of SHAPES in the worker)."""
+    return [hierarchical.piece_size(n, ranks_per_machine) for n in (3, 16, 7, 15)]
+
+
+@pytest.fixture(scope="module")
+def two_by_two():
+    """Every rank's results of one run of 2 machines x 2 ranks: {codec: [result per rank]}."""
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=4, args=["two_by_two"],
+                                hosts=TWO_BY_TWO, env=DYNAMIC, timeout=420)
+    by_codec = {}
+    for rank in range(4):
+        for result in results[rank]:
+            by_codec.setdefault(result["codec"], []).append(result)
+    return by_codec
+
+
+@pytest.mark.multiworker
+def test_two_by_two_matches_the_flat_average(two_by_two):
+    by_codec = two_by_two
+    for codec in ("none", "fp16", "efsignsgd", "topk", "dgc", "qsgd", "randomk", "signum",
+                  "terngrad", "onebit", "signsgd"):
+        ranks = by_codec[codec]
+        assert len(ranks) == 4
+        assert all(r["two_level"] for r in ranks)
+        assert "HOROVOD_DYNAMIC_PROCESS_SETS=1" in ranks[0]["refused"]
+        assert ranks[0]["describe"]["machines"] == [2, 2]
+        # 2 groups x (reduce-scatter, exchange across, allgather)
+        assert all(r["collectives"] == 6 for r in ranks)
+        # Every rank holds the same result.
+        assert len({r["checksum"] for r in ranks}) == 1, codec
+    assert max(r["max_error"] for r in by_codec["none"]) < 1e-6
+    assert max(r["max_error"] for r in by_codec["fp16"]) < 5e-3
+    assert max(r["max_error"] for r in by_codec["efsignsgd"]) > 1e-2  # it does compress
+    # The memory's residual of one piece of each tensor (1/2 of the flat state).
+    assert by_codec["efsignsgd"][0]["state_sizes"] == _flat_state_sizes(2)
+    assert by_codec["none"][0]["state_sizes"] == []
+
+
+@pytest.mark.multiworker
+def test_two_by_two_search_probe_times_two_level_groups(two_by_two):
+    for r in two_by_two["probe"]:
+        assert r["two_level"] and r["shape"] == [2, 2, 3] and r["finite"], r
+        assert r["collective_s"] > 0  # reduce-scatter to allgather, stamped
+
+
+@pytest.mark.multiworker
+def test_two_by_two_level_per_group_and_the_state_following_it(two_by_two):
+    ranks = two_by_two["mixed"]
+    assert len({r["checksum"] for r in ranks}) == 1  # weights identical on all 4
+    for r in ranks:
+        n = r["n"]
+        assert r["two_level"] and n == 6
+        assert r["choices"] == ["efsignsgd/two-level", "none/two-level", "fp16/two-level"]
+        assert r["searched"] == ["efsignsgd", "none", "efsignsgd/two-level", "none/two-level"]
+        assert r["describe"]["group_codecs"] == ["efsignsgd", "efsignsgd/two-level"]
+        assert r["describe"]["machines"] == [2, 2]
+        # The flat state whole, then this rank's piece of every tensor beside it.
+        assert r["sizes"][n:] == [-(-size // 2) for size in r["sizes"][:n]]
+        # Group 0 (tensors 0, 1) on two levels, group 1 flat: each fills its own state.
+        assert r["full_before"][:2] == [0.0, 0.0] and min(r["full_before"][2:]) > 0
+        assert min(r["pieces_before"][:2]) > 0 and r["pieces_before"][2:] == [0.0] * 4
+        # Switched: what each held went out with the step, each fills the other.
+        assert min(r["full_after"][:2]) > 0 and r["full_after"][2:] == [0.0] * 4
+        assert r["pieces_after"][:2] == [0.0, 0.0] and min(r["pieces_after"][2:]) > 0
+
+
+@pytest.mark.multiworker
+def test_two_by_two_nonfinite_gradient(two_by_two):
+    for r in two_by_two["nonfinite"]:
+        # Tensor 1 of rank 3 held a NaN: all NaN on every rank, the others finite.
+        assert r["nan_tensors"] == [False, True, False, False]
+        assert r["any_nan"] == [False, True, False, False]
+        assert r["step"] == 0  # the step is not counted, as on the flat path
+
+
+@pytest.mark.multiworker
+def test_two_by_two_training_and_sharded_checkpoint(two_by_two):
+    for codec in ("efsignsgd", "topk"):
+        ranks = two_by_two[codec + "_train"]
+        assert all(r["two_level"] for r in ranks)
+        assert len({r["checksum"] for r in ranks}) == 1, codec  # weights identical on all 4
+        assert len({r["flat_checksum"] for r in ranks}) == 1, codec
+        assert ranks[0]["checksum"] != ranks[0]["flat_checksum"]  # another reduce indeed
+        for r in ranks:
+            assert np.all(np.array(r["state_sizes"]) * 2 - np.array(r["flat_state_sizes"]) <= 1)
+            assert sum(r["state_sizes"]) < 0.6 * sum(r["flat_state_sizes"])
+            assert r["state_nonzero"] > 0 and r["zeroed"] == 0
+            assert r["restore_kept"] and r["restored_matches"], (codec, r)
+            assert r["settings_differ"]
+        switches = two_by_two[codec + "_switches"]
+        assert len({r["checksum"] for r in switches}) == 1, codec
+        for r in switches:
+            # Group 0 (split at 2): the first two tensors in backprop order, flushed.
+            assert r["plain_group_state"] == [0.0, 0.0], (codec, r)
+            assert r["stepped_aside_state"] == 0.0
+
+
+@pytest.mark.multiworker
+def test_two_by_two_with_process_sets_registered_at_init():
+    from tests import horovodrun
+
+    # hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets()), not dynamic.
+    results, _ = horovodrun.run("engine_hierarchical.py", np=4, args=["registered"],
+                                hosts=TWO_BY_TWO, env={"HOROVOD_DYNAMIC_PROCESS_SETS": None},
+                                timeout=240)
+    for rank in range(4):
+        (r,) = results[rank]
+        assert r["two_level"] and r["dynamic"] is None and r["max_error"] < 1e-6, r
+
+
+@pytest.mark.multiworker
+@pytest.mark.parametrize("hosts", ["localhost:1,127.0.0.1:1", "localhost:2"],
+                         ids=["one_rank_per_machine", "one_machine"])
+def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):
+    from tests import horovodrun
+
+    codecs = ["efsignsgd", "topk"] if hosts.count(":1") else ["efsignsgd"]
+    results, _ = horovodrun.run("engine_hierarchical.py", np=2, args=["bitwise", len(codecs)],
+                                hosts=hosts, env=DYNAMIC, timeout=240)
+    for rank in range(2):
+        assert [r["codec"] for r in results[rank]] == codecs + ["disagreement"]
+        # Rank 0 hierarchical=True, rank 1 False: refused on both, naming the setting.
+        assert "hierarchical" in results[rank][-1]["error"], results[rank][-1]
+        for r in results[rank][:-1]:
+            assert not r["two_level"]
+            assert r["weights_identical"] and r["state_identical"], (hosts, r)
+
+
+@pytest.mark.multiworker
+def test_the_search_chooses_a_level_per_group_on_two_by_two(tmp_path):
+    from tests import horovodrun
+
+    # hierarchical=None: the search probes each group codec flat and on two levels.
+    results, output = horovodrun.run("search_callback.py", np=4,
+                                     args=["efsignsgd", "tape", str(tmp_path / "log")],
+                                     hosts=TWO_BY_TWO, env=DYNAMIC, timeout=420)
+    ends = [results[rank][-1] for rank in range(4)]
+    assert len({r["checksum"] for r in ends}) == 1  # weights identical on all 4
+    assert len({json.dumps(r["group_codecs"]) for r in ends}) == 1
+    for r in ends:
+        assert r["done"] and r["cost"]["traces"] <= 6, r["cost"]
+        allowed = {"efsignsgd", "none", "efsignsgd/two-level", "none/two-level"}
+        assert r["steps_aside"] or set(r["group_codecs"]) <= allowed, r
+    assert "alone with efsignsgd/two-level" in output
+    assert "alone with none/two-level" in output

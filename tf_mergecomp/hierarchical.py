@@ -1,0 +1,244 @@
+"""The two-level reduce of a MergeComp group: dense inside a machine, compressed across machines.
+
+A cluster of M machines with L ranks each (Horovod's ``local_size()`` L and
+``cross_size()`` M; rank = machine * L + local rank) reduces one group in three steps:
+
+1. Inside the machine, the group is reduce-scattered (averaged, uncompressed) over the L
+   ranks of the machine: local rank l receives shard l of the machine's average.
+2. Across machines, shard l is compressed with the group's codec and exchanged among the
+   M ranks of local rank l (one per machine), with the codec's own collective (an
+   allreduce for dense codecs, an allgather of payloads for sign, QSGD, top-k, DGC...):
+   the same encode, collective and decode as a flat group (``MergeComp._reduce_group``),
+   run on the shard.
+3. Inside the machine, the decoded shards are allgathered: every rank holds the group's
+   average over all L * M ranks.
+
+An allgather codec then moves M - 1 payloads per rank across machines instead of
+L * M - 1, and the codecs run on 1/L of the group.
+
+Shards. Each gradient tensor of n elements is cut into L pieces of ceil(n / L) elements
+(the last one padded with zeros); shard l of a group is piece l of each of its tensors,
+back to back. A shard therefore does not depend on the partition: the error-feedback
+state of a tensor (residual, momentum) is kept for piece ``local_rank`` only, on the rank
+that compresses it, and is 1/L of the flat state. Like the flat state it is one variable
+per tensor, so it checkpoints (the per-rank files of docs/checkpoints.md hold each rank's
+own pieces), reconciles, flushes when a group turns plain or MergeComp steps aside, and
+survives an elastic reset while the machine layout stays; a reset that changes the ranks
+per machine starts the state afresh.
+
+With one machine, or one rank per machine, a group takes the flat path: the same ops as
+``hierarchical=False``, bit for bit. Which groups take two levels (all with
+``hierarchical=True``, those the search chose with ``None``), and MergeComp's state around
+them: tf_mergecomp/levels.py.
+
+Process sets. Step 1 and 3 run on the machine's process set (its L ranks), step 2 on the
+set of the ranks with this local rank. Horovod 0.28.1 registers process sets at
+``hvd.init`` or, with dynamic process sets, later and collectively. MergeComp takes the
+sets registered at ``hvd.init(process_sets=machine_process_sets())`` and otherwise adds
+them at its first trace when dynamic process sets are on (``HOROVOD_DYNAMIC_PROCESS_SETS=1``
+or ``hvd.init(process_sets="dynamic")``); without either it refuses, saying so.
+"""
+
+import math
+import os
+
+import tensorflow as tf
+
+CHOICES = (True, False, None)
+
+
+def check_choice(hierarchical):
+    if hierarchical not in CHOICES or not isinstance(hierarchical, (bool, type(None))):
+        raise ValueError("hierarchical must be one of True (two-level reduce: dense inside a "
+                         "machine, compressed across machines), False (flat: every group "
+                         "compressed across all ranks) or None (flat until a search chooses), "
+                         "got %r" % (hierarchical,))
+    return hierarchical
+
+
+class MachineLayout:
+    """How the ranks sit on machines: ``ranks_per_machine`` (L) times ``machines`` (M)."""
+
+    def __init__(self, rank, size, ranks_per_machine, machines):
+        self.rank = rank
+        self.size = size
+        self.ranks_per_machine = ranks_per_machine
+        self.machines = machines
+        self.local_rank = rank % ranks_per_machine
+        self.machine = rank // ranks_per_machine
+
+    @classmethod
+    def from_horovod(cls):
+        import horovod.tensorflow as hvd
+
+        return cls(hvd.rank(), hvd.size(), hvd.local_size(), hvd.cross_size())
+
+    def describe(self):
+        return [self.ranks_per_machine, self.machines]
+
+    @property
+    def two_level(self):
+        """Whether a two-level reduce differs from the flat one."""
+        return self.ranks_per_machine > 1 and self.machines > 1
+
+    def check(self):
+        """Raises ValueError unless the ranks fill equal machines, contiguously.
+        Called after the ranks agreed on ``describe()``, so every rank raises alike."""
+        import horovod.tensorflow as hvd
+
+        if self.ranks_per_machine * self.machines != self.size:
+            raise ValueError(
+                "hierarchical=True needs machines with equal numbers of ranks: %d ranks are "
+                "not %d machines of %d (give every host the same slots, e.g. horovodrun "
+                "-H host1:4,host2:4), or use hierarchical=False"
+                % (self.size, self.machines, self.ranks_per_machine))
+        if (hvd.local_rank(), hvd.cross_rank()) != (self.local_rank, self.machine):
+            raise ValueError(
+                "hierarchical=True needs the ranks of one machine to be contiguous: rank %d is "
+                "local rank %d on machine %d, expected local rank %d on machine %d"
+                % (self.rank, hvd.local_rank(), hvd.cross_rank(), self.local_rank, self.machine))
+
+    def machine_ranks(self, machine):
+        return list(range(machine * self.ranks_per_machine,
+                          (machine + 1) * self.ranks_per_machine))
+
+    def cross_ranks(self, local_rank):
+        return list(range(local_rank, self.size, self.ranks_per_machine))
+
+    def all_process_set_ranks(self):
+        """The ranks of every set the two-level reduce uses, in the order all ranks add them."""
+        return ([self.machine_ranks(m) for m in range(self.machines)]
+                + [self.cross_ranks(l) for l in range(self.ranks_per_machine)])
+
+
+def machine_process_sets(ranks_per_machine=None, size=None):
+    """The process sets the two-level reduce uses, for ``hvd.init(process_sets=...)``
+    (before ``hvd.init``, the machine layout is read from horovodrun's
+    HOROVOD_LOCAL_SIZE and HOROVOD_SIZE unless given)."""
+    import horovod.tensorflow as hvd
+
+    if ranks_per_machine is None:
+        ranks_per_machine = int(os.environ.get("HOROVOD_LOCAL_SIZE", "1"))
+    if size is None:
+        size = int(os.environ.get("HOROVOD_SIZE", "1"))
+    layout = MachineLayout(0, size, ranks_per_machine, max(1, size // ranks_per_machine))
+    if not layout.two_level:
+        return []
+    return [hvd.ProcessSet(ranks) for ranks in layout.all_process_set_ranks()]
+
+
+def _registered_process_sets():
+    """{tuple of ranks: process set id} of the sets Horovod has registered (Horovod 0.28.1
+    lists them only through its internal ``_basics``; {} where that is missing: the sets
+    are then added, which needs dynamic process sets)."""
+    from horovod.common import process_sets
+
+    listing = getattr(getattr(process_sets, "_basics", None), "_get_process_set_ids_and_ranks",
+                      None)
+    if listing is None:
+        return {}
+    return {tuple(ranks): set_id for set_id, ranks in listing().items()}
+
+
+def _dynamic_process_sets():
+    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "").lower() not in ("", "0", "false")
+
+
+def process_sets_available(layout):
+    """Whether ``process_sets_for`` can give the sets (no collective)."""
+    registered = _registered_process_sets()
+    return _dynamic_process_sets() or all(
+        tuple(ranks) in registered for ranks in layout.all_process_set_ranks())
+
+
+def process_sets_for(layout):
+    """(this machine's process set, the set of this local rank across machines). Takes
+    sets already registered; adds missing ones when dynamic process sets are on (a
+    collective: every rank calls it at the same trace); else raises ValueError."""
+    import horovod.tensorflow as hvd
+
+    registered = _registered_process_sets()
+    wanted = layout.all_process_set_ranks()
+    missing = [ranks for ranks in wanted if tuple(ranks) not in registered]
+    if missing and not _dynamic_process_sets():
+        raise ValueError(
+            "a two-level reduce (hierarchical=True) needs Horovod process sets for the "
+            "machines and across them: "
+            "run with HOROVOD_DYNAMIC_PROCESS_SETS=1 (or hvd.init(process_sets=\"dynamic\")) "
+            "and MergeComp adds them, or register them at start: "
+            "hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets())")
+    sets = {}
+    for ranks in wanted:
+        if tuple(ranks) in registered:
+            process_set = hvd.ProcessSet(ranks)
+            process_set.process_set_id = registered[tuple(ranks)]
+        else:
+            process_set = hvd.add_process_set(ranks)
+        sets[tuple(ranks)] = process_set
+    return (sets[tuple(layout.machine_ranks(layout.machine))],
+            sets[tuple(layout.cross_ranks(layout.local_rank))])
+
+
+def piece_size(num_elements, ranks_per_machine):
+    """Elements of each of the L pieces of a tensor (the last one zero-padded)."""
+    return int(math.ceil(num_elements / ranks_per_machine))
+
+
+class TwoLevelReduce:
+    """The two-level reduce of groups, for one trace: ``machine`` and ``cross`` are
+    ``HorovodCommunicator``s on this machine's set and on this local rank's set."""
+
+    def __init__(self, layout, machine, cross):
+        self.layout = layout
+        self.machine = machine
+        self.cross = cross
+
+    def reduce_group(self, grads, key, reduce_shard, wrap=None):
+        """The group's average over all ranks and its per-tensor non-finite flags.
+
+        ``reduce_shard(pieces, cross)``: the flat reduce of this rank's pieces (one 1-D
+        float32 tensor per gradient) across machines through communicator ``cross``,
+        returning (decoded pieces, flags). ``wrap``: applied to both communicators (the
+        search's recorder times the group's collectives through it)."""
+        ranks = self.layout.ranks_per_machine
+        machine, cross = self.machine, self.cross
+        if wrap is not None:
+            machine, cross = wrap(machine), wrap(cross)
+        pieces = [piece_size(g.shape.num_elements(), ranks) for g in grads]
+        rows = []
+        for grad, piece in zip(grads, pieces):
+            flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
+            padded = tf.pad(flat, [[0, piece * ranks - grad.shape.num_elements()]])
+            rows.append(tf.reshape(padded, [ranks, piece]))
+        # Row l holds piece l of every tensor: shard l is contiguous for the reduce-scatter.
+        by_shard = tf.reshape(tf.concat(rows, 1) if len(rows) > 1 else rows[0], [-1])
+        shard = tf.reshape(machine.reducescatter_mean(by_shard, key + ("scatter",)),
+                           [sum(pieces)])
+        shard_pieces = tf.split(shard, pieces) if len(pieces) > 1 else [shard]
+        decoded, _ = reduce_shard(shard_pieces, cross)
+        decoded = [tf.reshape(tf.cast(d, tf.float32), [-1]) for d in decoded]
+        joined = tf.concat(decoded, 0) if len(decoded) > 1 else decoded[0]
+        gathered = tf.reshape(machine.allgather(joined, key + ("gather",)), [ranks, -1])
+        columns = tf.split(gathered, pieces, axis=1) if len(pieces) > 1 else [gathered]
+        outputs, flags = [], []
+        for grad, column in zip(grads, columns):
+            values = tf.reshape(column, [-1])[:grad.shape.num_elements()]
+            # Identical on every rank: a piece some rank held non-finite decodes to NaN.
+            bad = tf.logical_not(tf.reduce_all(tf.math.is_finite(values)))
+            values = tf.where(bad, tf.fill(tf.shape(values), float("nan")), values)
+            outputs.append(tf.cast(tf.reshape(values, grad.shape), grad.dtype))
+            flags.append(tf.cast(bad, tf.int32))
+        return outputs, tf.stack(flags)
+
+    def spread_pieces(self, pieces, shapes):
+        """Tensors of ``shapes``, zero except for this rank's piece, which holds L times
+        ``pieces`` (so that an average over all ranks adds each piece once per machine, as
+        the two-level reduce does)."""
+        ranks, local = self.layout.ranks_per_machine, self.layout.local_rank
+        spread = []
+        for piece, shape in zip(pieces, shapes):
+            size, length = shape.num_elements(), piece.shape.num_elements()
+            full = tf.pad(piece * float(ranks), [[local * length, (ranks - 1 - local) * length]])
+            spread.append(tf.reshape(full[:size], shape))
+        return spread
+

@@ -1,0 +1,223 @@
+"""The level each group of a MergeComp reduces on: flat, or two levels (hierarchical.py).
+
+``hierarchical=True``: every group takes two levels; each rank's state is its piece of
+every tensor (1/L of the flat state, L ranks per machine).
+``hierarchical=False``: every group is flat, as before the setting existed.
+``hierarchical=None`` (default): flat, unless a group's codec name ends in ``TWO_LEVEL``
+(``"efsignsgd/two-level"``, ``"none/two-level"``): the partition search offers these per
+group beside the flat ones (``two_level_codec_choices``) when the ranks sit on machines of
+several ranks and the process sets can be had (dynamic process sets, or the sets given to
+``hvd.init``). Each rank then keeps both states: the flat one (every tensor whole) and its
+piece of every tensor. A group sends, with its gradients, what the other level's state
+has not sent (as a plain group does, hierarchical.py's ``spread_pieces`` for pieces) and
+clears it: the state follows a group from one level to the other, at no cost once it is
+zero but a read and a write per step.
+
+``TwoLevelGroups`` is a base class of ``MergeComp``; its attributes are MergeComp's.
+"""
+
+import tensorflow as tf
+
+from tf_mergecomp import hierarchical
+from tf_mergecomp import plain_groups
+
+TWO_LEVEL = "/two-level"
+
+
+def split_level(codec_name):
+    """("efsignsgd", True) for "efsignsgd/two-level"; (name, False) otherwise."""
+    if codec_name.endswith(TWO_LEVEL):
+        return codec_name[:-len(TWO_LEVEL)], True
+    return codec_name, False
+
+
+class TwoLevelGroups:
+    """MergeComp's levels: the setting, the machine layout seen at the trace, the process
+    sets, the shard count of the state (``_state_shards``: L with ``hierarchical=True``)
+    and the pieces kept beside the flat state (``_piece_shards``, ``_piece_state``) with
+    ``hierarchical=None``; state_variables.py creates both."""
+
+    def _init_levels(self, hierarchical_choice):
+        self.hierarchical = hierarchical.check_choice(hierarchical_choice)
+        if hierarchical_choice and not self.shardable:
+            raise ValueError(
+                "hierarchical=True is not available for %r: it reduces its groups itself with "
+                "per-tensor state of its own (use hierarchical=False)" % self.compressor.name)
+        self._machine_layout = None
+        self._two_level = None       # a TwoLevelReduce while some group may take two levels
+        self._level_sets = None      # (layout description, machine set, cross set)
+        self._state_shards = 1
+        self._piece_shards = 1
+        self._piece_state = None
+
+    @property
+    def shardable(self):
+        """Whether the compressor's groups can be cut into shards (not PowerSGD's)."""
+        return not (self.compressor.reduces_own_groups or self.compressor.keeps_codec_state)
+
+    @property
+    def group_codec_names(self):
+        """What ``set_partition(group_codecs=)`` accepts: ``codec_choices``, and with
+        ``hierarchical=None`` each of them on two levels (``name + TWO_LEVEL``)."""
+        choices = self.codec_choices
+        if self.hierarchical is None and self.shardable:
+            choices = choices + tuple(name + TWO_LEVEL for name in choices)
+        return choices
+
+    @property
+    def two_level_codec_choices(self):
+        """The two-level group codecs a search may choose from: those of
+        ``group_codec_names`` once a trace found machines of several ranks and their
+        process sets (``hierarchical=None``); () otherwise."""
+        if self._piece_shards < 2:
+            return ()
+        return tuple(name + TWO_LEVEL for name in self.codec_choices)
+
+    @property
+    def two_level(self):
+        """Whether the last trace could reduce groups in two levels."""
+        return self._two_level is not None
+
+    def _asks_two_levels(self):
+        return bool(self.hierarchical) or any(
+            split_level(name)[1] for name in (self.group_codecs or ()))
+
+    def describe_levels(self):
+        """The level for ``describe()``: nothing while every group is flat with
+        ``hierarchical=None`` (the description of before the setting existed)."""
+        if self.hierarchical is None and not self._asks_two_levels():
+            return {}
+        layout = self._machine_layout
+        return {"hierarchical": self.hierarchical,
+                "machines": None if layout is None else layout.describe()}
+
+    def level_identity(self):
+        """What a saved search result depends on besides the model and the codec: the
+        setting and the machines, where groups may take two levels ({} otherwise)."""
+        if self.hierarchical is None and self._piece_shards < 2:
+            return {}
+        layout = self._machine_layout
+        return {"hierarchical": self.hierarchical,
+                "machines": None if layout is None else layout.describe()}
+
+    def level_settings(self):
+        """What the state's shape depends on, for ``settings_fingerprint``."""
+        settings = {}
+        if self._state_shards != 1:  # each rank's state is its piece of every tensor
+            settings["state_shards"] = self._state_shards
+        if self._piece_shards != 1:  # pieces kept beside the flat state
+            settings["piece_shards"] = self._piece_shards
+        return settings
+
+    def _plan_levels(self, communicator):
+        """At a trace, before the ranks compare descriptions: the machine layout and the
+        state's shard counts (which reset the state when they change: an elastic reset
+        to another number of ranks per machine)."""
+        import horovod.tensorflow as hvd
+
+        global_set = (communicator.process_set.process_set_id
+                      == hvd.global_process_set.process_set_id)
+        if self.hierarchical and not global_set:
+            raise ValueError("hierarchical=True reduces over all ranks: it cannot be combined "
+                             "with a process_set of the optimizer or tape")
+        if self.hierarchical is False or not self.shardable or not global_set:
+            self._machine_layout = None
+            return
+        layout = self._machine_layout = hierarchical.MachineLayout.from_horovod()
+        state_shards, piece_shards = 1, 1
+        if layout.two_level and self.hierarchical:
+            state_shards = layout.ranks_per_machine
+        elif layout.two_level and hierarchical.process_sets_available(layout):
+            piece_shards = layout.ranks_per_machine
+        if (state_shards, piece_shards) != (self._state_shards, self._piece_shards):
+            self._state_shards, self._piece_shards = state_shards, piece_shards
+            self._state = self._piece_state = None
+
+    def _connect_levels(self, communicator):
+        """After the ranks agreed on the layout: checks it and takes (or adds) the
+        process sets of the two-level reduce."""
+        from tf_mergecomp.communication import HorovodCommunicator
+
+        layout = self._machine_layout
+        if (layout is None or not layout.two_level
+                or not (self._asks_two_levels() or self._piece_shards > 1)):
+            self._two_level = None
+            return
+        layout.check()
+        if self._level_sets is None or self._level_sets[0] != layout.describe():
+            self._level_sets = (layout.describe(),) + hierarchical.process_sets_for(layout)
+        counter = self.collectives_executed
+        machine = HorovodCommunicator(self._level_sets[1], counter=counter,
+                                      name_prefix="mergecomp.machine%d" % layout.machine)
+        cross = HorovodCommunicator(self._level_sets[2], counter=counter,
+                                    name_prefix="mergecomp.cross%d" % layout.local_rank)
+        self._two_level = hierarchical.TwoLevelReduce(layout, machine, cross)
+
+    def _forget_levels(self):
+        """After an elastic reset: Horovod's process sets are gone with its old world."""
+        self._level_sets = None
+        self._two_level = None
+
+    def _reduce_group_in_levels(self, index, start, grads, state_vars, step, communicator,
+                                codec_name):
+        codec_name, asks_two = split_level(codec_name)
+        two = self._two_level is not None and (bool(self.hierarchical) or asks_two)
+        pieces = list(self._piece_state or [])[start:start + len(grads)]
+        clear = None
+        if self._two_level is not None and self.hierarchical is None and self._piece_state:
+            # Both states kept: the other level's goes out with this step, then is zero.
+            if two:
+                flush = plain_groups.StateFlush(self.memory, state_vars, grads)
+                grads, clear = flush.gradients_to_send(), flush.clear_sent_state
+            else:
+                grads, clear = self._spread_flush(pieces, grads)
+        if not two:
+            outputs, flags = self._reduce_group(index, start, grads, state_vars, step,
+                                                communicator, codec_name)
+        else:
+            shard_state = state_vars if self.hierarchical else pieces
+            key = (index, sum(self._layout.sizes[start:start + len(grads)]))
+
+            def reduce_shard(shard, cross):
+                return self._reduce_group(index, start, shard, shard_state, step, cross,
+                                          codec_name)
+
+            # The search's recorder hands a communicator that times the group's
+            # collectives: it times the three of a two-level group (``around``).
+            outputs, flags = self._two_level.reduce_group(
+                grads, key, reduce_shard, wrap=getattr(communicator, "around", None))
+        if clear is not None:
+            with tf.control_dependencies(clear()):
+                outputs = [tf.identity(o) for o in outputs]
+        return outputs, flags
+
+    def _spread_flush(self, pieces, dense):
+        """(``dense`` plus what this rank's pieces of their state have not sent, spread
+        so that each piece counts once per machine in the average over all ranks, and
+        the function making the ops that clear them afterwards)."""
+        if not pieces:
+            return list(dense), list
+        ranks = self._two_level.layout.ranks_per_machine
+        # A rank holding a non-finite gradient sends nothing extra and keeps its state,
+        # as on the flat path: its pieces are NaN for the flush, which then keeps it.
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in dense])
+        marker = tf.where(finite, 0.0, float("nan"))
+        markers = [tf.fill([hierarchical.piece_size(g.shape.num_elements(), ranks)], marker)
+                   for g in dense]
+        flush = plain_groups.StateFlush(self.memory, pieces, markers)
+        pending = [tf.where(finite, p, tf.zeros_like(p)) for p in flush.gradients_to_send()]
+        spread = self._two_level.spread_pieces(pending, [g.shape for g in dense])
+        return ([g + tf.cast(s, g.dtype) for g, s in zip(dense, spread)],
+                flush.clear_sent_state)
+
+    def _flush_before_plain_horovod(self, state, dense):
+        """(gradients plus what the memory has not sent, the function making the ops that
+        clear it afterwards) for a step that plain Horovod reduces."""
+        if self._two_level is not None and self.hierarchical:
+            return self._spread_flush(state, dense)
+        flush = plain_groups.StateFlush(self.memory, state, dense)
+        sent = flush.gradients_to_send()
+        if self._two_level is None or not self._piece_state:
+            return sent, flush.clear_sent_state
+        sent, clear_pieces = self._spread_flush(list(self._piece_state), sent)
+        return sent, lambda: flush.clear_sent_state() + clear_pieces()
