@@ -1,7 +1,8 @@
 """Keras 3 against Keras 2: the same keras.applications model and codec, images/s in one run.
 
     horovodrun -np 2 --gloo python -m benchmarks.keras_versions \
-        [--model mobilenet_v2] [--codec efsignsgd] [--rounds 4] [--steps 10] [--out FILE]
+        [--model mobilenet_v2|small_cnn|small_cnn_bn|...] [--codec efsignsgd] \
+        [--rounds 4] [--steps 10] [--no-controls] [--out FILE]
 
 One process per rank holds both Keras: Keras 2 (``tf_keras``, with
 ``TF_USE_LEGACY_KERAS=1``, which ``main`` sets before TensorFlow is imported) trains through Horovod's
@@ -32,11 +33,27 @@ import time
 
 APPLICATIONS = {"mobilenet_v2": "MobileNetV2", "resnet50": "ResNet50",
                 "densenet121": "DenseNet121"}
+# Four conv blocks and two dense layers, the same in both Keras, with and without
+# BatchNormalization: tells whether a gap between the Keras follows that layer (Keras 3
+# computes it from separate moment ops, Keras 2 with TensorFlow's fused kernel).
+SMALL_CNNS = ("small_cnn", "small_cnn_bn")
+
+
+def build_small_cnn(keras, input_shape, batch_norm):
+    layers = [keras.Input(input_shape)]
+    for filters in (32, 64, 128, 128):
+        layers.append(keras.layers.Conv2D(filters, 3, padding="same", use_bias=not batch_norm))
+        if batch_norm:
+            layers.append(keras.layers.BatchNormalization())
+        layers += [keras.layers.ReLU(), keras.layers.MaxPooling2D()]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(256, activation="relu"),
+               keras.layers.Dense(10)]
+    return keras.Sequential(layers)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="mobilenet_v2", choices=sorted(APPLICATIONS))
+    parser.add_argument("--model", default="mobilenet_v2", choices=sorted(APPLICATIONS) + list(SMALL_CNNS))
     parser.add_argument("--codec", default="efsignsgd")
     parser.add_argument("--image-size", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
@@ -63,9 +80,12 @@ class _Setup:
 
     def __init__(self, keras, distributed_optimizer, callbacks, args, images, labels):
         self.keras = keras
-        application = getattr(keras.applications, APPLICATIONS[args.model])
-        self.model = application(weights=None, input_shape=images.shape[1:], classes=10,
-                                 classifier_activation=None)
+        if args.model in SMALL_CNNS:
+            self.model = build_small_cnn(keras, images.shape[1:], args.model == "small_cnn_bn")
+        else:
+            application = getattr(keras.applications, APPLICATIONS[args.model])
+            self.model = application(weights=None, input_shape=images.shape[1:], classes=10,
+                                     classifier_activation=None)
         optimizer = keras.optimizers.SGD(0.01)
         if distributed_optimizer is not None:
             optimizer = distributed_optimizer(optimizer)
