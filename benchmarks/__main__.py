@@ -56,6 +56,17 @@ def _positive(convert):
     return parse
 
 
+def _ranks_per_machine(text):
+    from benchmarks.launcher import check_ranks_per_machine
+
+    try:
+        return check_ranks_per_machine(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "ranks per machine must be an integer >= 1 (the ranks each namespace runs), "
+            "got %r" % text) from None
+
+
 # The commands and their one-line help: the parser lists them without importing any
 # command's modules (so `--help` needs no TensorFlow).
 COMMANDS = (
@@ -143,7 +154,16 @@ def _exchange_options(exchange):
 def _cluster_options(clus):
     from benchmarks import cluster, models
 
-    clus.add_argument("--workers", type=_csv(int), default=[2, 4])
+    clus.add_argument("--workers", type=_csv(int), default=[2, 4],
+                      help="multi-worker counts: namespaces, each a machine (default 2,4)")
+    clus.add_argument("--ranks-per-machine", type=_ranks_per_machine, default=1,
+                      help="ranks in every namespace (default 1): ranks of one namespace talk "
+                           "over its loopback, of different namespaces over the shaped links "
+                           "(horovodrun -H ns0:N,ns1:N; Horovod's local size N, cross size W)")
+    clus.add_argument("--hierarchical", choices=cluster.HIERARCHICAL_CHOICES, default="auto",
+                      help="MergeComp(hierarchical=...) of every MergeComp config: auto (None: "
+                           "the search may choose two levels per group; default), true (every "
+                           "group on two levels), false (flat)")
     clus.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
     clus.add_argument("--models", type=_csv(str), default=list(models.DEFAULT_MODELS),
                       help="default %s; valid: %s, or any keras.applications model by name "
@@ -178,7 +198,7 @@ def _cluster_options(clus):
     clus.add_argument("--launcher", choices=cluster.LAUNCHERS, default="direct",
                       help="direct: the benchmark starts each rank in its namespace (default); "
                            "horovodrun: an ssh server per namespace and the real "
-                           "'horovodrun -H ns0:1,ns1:1,...' over ssh (needs openssh-server)")
+                           "'horovodrun -H ns0:N,ns1:N,...' over ssh (needs openssh-server)")
     clus.add_argument("--pin-cores", action=argparse.BooleanOptionalAction, default=True,
                       help="each rank keeps to its own share of this machine's cores, as on "
                            "machines of their own (default; --no-pin-cores: the scheduler "

@@ -5,8 +5,13 @@ every worker count W a run of all configs on W namespaces joined by
 tc-shaped links (``netns.VirtualCluster``), ranks started by the launcher
 ``--launcher`` names (``launcher.py``): "direct" (the default) starts each
 rank in its namespace with Horovod's Gloo environment; "horovodrun" starts an
-ssh server in every namespace and the real ``horovodrun -H ns0:1,ns1:1,...``
-over ssh, as on a cluster.
+ssh server in every namespace and the real ``horovodrun -H ns0:N,ns1:N,...``
+over ssh, as on a cluster. Every namespace is a machine of ``--ranks-per-machine``
+(N, default 1) ranks: ranks of one namespace talk over its loopback, ranks of
+different namespaces over the shaped links, and Horovod reports local size N and
+cross size W. ``--hierarchical {auto,true,false}`` builds every MergeComp config
+with ``MergeComp(hierarchical=None/True/False)`` (worker.py), to compare the flat
+reduce with the two-level one.
 
 Configs: Horovod fp32 (``hvd.Compression.none``), Horovod fp16
 (``hvd.Compression.fp16``), and for each algorithm MergeComp layer-wise
@@ -88,6 +93,17 @@ REPEAT_SUFFIX = " (repeat)"
 
 
 CPU_ALLOCATORS = ("bfc", "default")
+HIERARCHICAL_CHOICES = tuple(worker.HIERARCHICAL_CHOICES)
+
+
+def ranks_per_machine(args):
+    """The ranks each namespace runs (1 for the arguments of runs before the option)."""
+    return getattr(args, "ranks_per_machine", 1)
+
+
+def total_ranks(group):
+    """All ranks of a (model, workers) run: its machines times their ranks."""
+    return group["workers"] * group.get("ranks_per_machine", 1)
 
 
 def cpu_allocator_environment(allocator):
@@ -224,6 +240,8 @@ def batch_spec(model, configs, args, result_path, compute_steps):
         "compute_steps": compute_steps,
         "exchange_steps": args.exchange_steps,
         "search_on": args.search_on,
+        # MergeComp(hierarchical=...) of every MergeComp config.
+        "hierarchical": worker.HIERARCHICAL_CHOICES[getattr(args, "hierarchical", "auto")],
         # The ranks stop themselves (together) before the launcher kills them.
         "deadline": time.time() + timeout_s - 30,
         "timeout_s": timeout_s,
@@ -235,8 +253,8 @@ def batch_spec(model, configs, args, result_path, compute_steps):
     }
 
 
-def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
-    """One batch in a fresh set of rank processes, started by ``launch`` (from
+def run_batch(num_ranks, launch, model, batch_index, configs, args, run_dir):
+    """One batch in a fresh set of ``num_ranks`` rank processes, started by ``launch`` (from
     ``launcher.open_launcher``); returns its record (``ranks``: their outputs).
 
     The local compute step is measured in the first batch only (the same for all).
@@ -256,7 +274,7 @@ def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
     except launcher.RankFailure as failure:
         error = str(failure)
     outputs = []
-    for rank in range(len(cluster.namespaces)):
+    for rank in range(num_ranks):
         path = spec["result_path"].format(rank=rank)
         if os.path.exists(path):
             with open(path) as f:
@@ -265,8 +283,9 @@ def run_batch(cluster, launch, model, batch_index, configs, args, run_dir):
             "wall_s": time.time() - started, "ranks": outputs}
 
 
-def run_group(model, workers, batches, args, out_dir):
-    """The batches of one (model, workers), one after another on one virtual cluster."""
+def run_group(model, workers, batches, args, out_dir, ranks_per_namespace=1):
+    """The batches of one (model, workers), one after another on one virtual cluster of
+    ``workers`` namespaces with ``ranks_per_namespace`` ranks each."""
     tag = "%s%d" % (model[0], workers)
     run_dir = os.path.join(out_dir, "runs", "%s_w%d" % (model, workers))
     os.makedirs(run_dir, exist_ok=True)
@@ -275,16 +294,19 @@ def run_group(model, workers, batches, args, out_dir):
     records = []
     link = None
     with netns.VirtualCluster(workers, bandwidth=args.bandwidth, tag=tag) as cluster, \
-            launcher.open_launcher(args.launcher, cluster) as launch:
+            launcher.open_launcher(args.launcher, cluster, ranks_per_namespace) as launch:
         if workers > 1 and args.link_check:
             link = check_links(cluster, args)
         for index, configs in enumerate(batches):
             print("[cluster]   batch %d/%d: %s" % (index + 1, len(batches),
                                                   ", ".join(c["label"] for c in configs)), flush=True)
-            records.append(run_batch(cluster, launch, model, index, configs, args, run_dir))
-    return {"model": model, "workers": workers, "batch_size": args.batch_size,
+            records.append(run_batch(workers * ranks_per_namespace, launch, model, index, configs,
+                                     args, run_dir))
+    return {"model": model, "workers": workers, "ranks_per_machine": ranks_per_namespace,
+            "batch_size": args.batch_size,
             "wall_s": time.time() - started, "load_average": [load_before, os.getloadavg()[0]],
-            "batches": records, "ranks": merge_batches(records, workers), "link": link}
+            "batches": records, "ranks": merge_batches(records, workers * ranks_per_namespace),
+            "link": link}
 
 
 def check_links(cluster, args):
@@ -300,10 +322,10 @@ def check_links(cluster, args):
     return check
 
 
-def merge_batches(records, workers):
-    """Per rank, the results of all batches, each result marked with its batch and
-    that batch's peak RSS on this rank."""
-    ranks = [{"rank": rank, "results": []} for rank in range(workers)]
+def merge_batches(records, num_ranks):
+    """Per rank (``num_ranks`` of them), the results of all batches, each result marked
+    with its batch and that batch's peak RSS on this rank."""
+    ranks = [{"rank": rank, "results": []} for rank in range(num_ranks)]
     for index, record in enumerate(records):
         for output in record["ranks"]:
             merged = ranks[output["rank"]]
@@ -326,7 +348,7 @@ def batch_errors(group):
 
 def summarize(group):
     """Per-config throughput and timing over the ranks of one run, with each batch's noise."""
-    workers = group["workers"]
+    workers = total_ranks(group)
     by_label = {}
     for output in group["ranks"]:
         for result in output["results"]:
@@ -338,6 +360,7 @@ def summarize(group):
 
 
 def _summarize_config(label, results, model, workers, batch_size):
+    """``workers``: all ranks of the run."""
     config = results[0]["config"]
     row = {"label": label, "config": config, "model": model, "workers": workers,
            "batch": results[0].get("batch"),
@@ -525,7 +548,7 @@ def target_lines(group, single_images_per_s, model=None):
                                                            report.fmt(best["images_per_s"]),
                                                            "; ".join(verdicts)))
     if single_images_per_s:
-        scaling = [(r["images_per_s"] / (group["workers"] * single_images_per_s), r["label"])
+        scaling = [(r["images_per_s"] / (total_ranks(group) * single_images_per_s), r["label"])
                    for r in rows if r.get("images_per_s")]
         if scaling:
             best, label = max(scaling)
@@ -627,6 +650,17 @@ def _batches_text(group):
                 report.fmt(max(peaks)) if peaks else "-", restarts))
 
 
+def _ranks_per_machine_text(group):
+    """The header's ranks per machine: nothing for one (the runs before the option)."""
+    per_machine = group.get("ranks_per_machine", 1)
+    return "" if per_machine == 1 else " x %d ranks per machine" % per_machine
+
+
+def _hierarchical_text(summary):
+    choice = summary.get("hierarchical", "auto")
+    return "" if choice == "auto" else ", MergeComp hierarchical=%s" % choice
+
+
 def _load_text(load):
     if not load:
         return "-"
@@ -639,20 +673,22 @@ def tables(summary):
     single = {s["model"]: s for s in summary["single"]}
     for group in summary["groups"]:
         model, workers = group["model"], group["workers"]
+        ranks = total_ranks(group)
         one = single.get(model, {}).get("images_per_s")
         compute = group.get("compute_step_s") or []
         # Throughput of W ranks computing without communication, under this run's contention.
-        local = (workers * summary.get("batch_size", 32) / report.median(compute)) if compute else None
-        parts.append("### %s, %d workers, %s links, %s CPU allocator, %s launcher\n" % (
-            model, workers, summary["bandwidth"], summary.get("cpu_allocator", "default"),
-            summary.get("launcher", "direct")))
+        local = (ranks * summary.get("batch_size", 32) / report.median(compute)) if compute else None
+        parts.append("### %s, %d workers%s, %s links, %s CPU allocator, %s launcher%s\n" % (
+            model, workers, _ranks_per_machine_text(group), summary["bandwidth"],
+            summary.get("cpu_allocator", "default"), summary.get("launcher", "direct"),
+            _hierarchical_text(summary)))
         parts.append("1-worker Horovod fp32: %s images/s (local compute step %s s; machine load "
                      "average %s). Per-rank local compute step in this run: %s s, so %s images/s "
                      "for %d ranks without communication (load average %s).\n" % (
                          report.fmt(one), report.fmt(single.get(model, {}).get("compute_step_s")),
                          _load_text(single.get(model, {}).get("load_average")),
                          ", ".join(report.fmt(c) for c in compute) or "-", report.fmt(local),
-                         workers, _load_text(group.get("load_average"))))
+                         ranks, _load_text(group.get("load_average"))))
         if group.get("link"):
             parts.append(link_check.describe(group["link"]) + ".\n")
         layerwise = {r["config"].get("algorithm"): r for r in primary_rows(group["rows"])
@@ -667,7 +703,7 @@ def tables(summary):
             rows.append([
                 row["label"],
                 row.get("images_per_s"),
-                report.ratio(row.get("images_per_s"), workers * one if one else None),
+                report.ratio(row.get("images_per_s"), ranks * one if one else None),
                 report.ratio(row.get("images_per_s"), local),
                 speedup,
                 _partition_text(row),
@@ -710,7 +746,8 @@ def chart(summary, path):
         return None
     fig, axes = plt.subplots(len(groups), 2, figsize=(16, 3.8 * len(groups)), squeeze=False)
     for (throughput_ax, exchange_ax), group in zip(axes, groups):
-        title = "%s, %d workers, %s links" % (group["model"], group["workers"], summary["bandwidth"])
+        title = "%s, %d workers%s, %s links" % (group["model"], group["workers"],
+                                                _ranks_per_machine_text(group), summary["bandwidth"])
         _bars(throughput_ax, group["rows"], "images_per_s", 1.0, "images/s (higher is better)",
               title + ": training throughput")
         _bars(exchange_ax, group["rows"], "exchange_s", 1e3, "ms (lower is better)",
@@ -776,6 +813,8 @@ def run(args):
                # The ranks inherit HOROVOD_CYCLE_TIME: validate simulates that cycle.
                "horovod_cycle_time_s": network_model.horovod_cycle_s(),
                "cpu_allocator": args.cpu_allocator, "launcher": args.launcher,
+               "ranks_per_machine": ranks_per_machine(args),
+               "hierarchical": getattr(args, "hierarchical", "auto"),
                "pin_cores": args.pin_cores,
                "warmup_steps": args.warmup_steps, "single": [], "groups": [], "notes": notes,
                "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -805,12 +844,14 @@ def _run_all(args, batches, summary, out_dir):
             "load_average": single["load_average"], "compute_step_s": compute[0] if compute else None,
             "peak_rss_mb": rows[0].get("peak_rss_mb") if rows else None})
         for workers in args.workers:
-            print("[cluster] %s: %d workers, %d configs in %d batches" % (
-                model, workers, sum(len(b) for b in batches), len(batches)), flush=True)
-            group = run_group(model, workers, batches, args, out_dir)
+            print("[cluster] %s: %d workers x %d ranks per machine, %d configs in %d batches" % (
+                model, workers, ranks_per_machine(args), sum(len(b) for b in batches),
+                len(batches)), flush=True)
+            group = run_group(model, workers, batches, args, out_dir, ranks_per_machine(args))
             errors = batch_errors(group)
             summary["groups"].append({
-                "model": model, "workers": workers, "errors": errors, "rounds": rounds,
+                "model": model, "workers": workers, "ranks_per_machine": ranks_per_machine(args),
+                "errors": errors, "rounds": rounds,
                 "isolate": args.isolate,
                 "wall_s": group["wall_s"], "rows": summarize(group),
                 "load_average": group["load_average"],
@@ -852,6 +893,10 @@ def check_args(args):
         if workers < 2:
             raise ValueError("--workers are the multi-worker counts (>= 2); 1 worker always runs")
     netns.check_rate(args.bandwidth)
+    launcher.check_ranks_per_machine(ranks_per_machine(args))
+    if getattr(args, "hierarchical", "auto") not in HIERARCHICAL_CHOICES:
+        raise ValueError("--hierarchical must be one of %s, got %r"
+                         % (", ".join(HIERARCHICAL_CHOICES), args.hierarchical))
     if args.launcher not in launcher.LAUNCHERS:
         raise ValueError("--launcher must be one of %s, got %r" % (", ".join(launcher.LAUNCHERS),
                                                                   args.launcher))

@@ -1,16 +1,23 @@
 """Starts Horovod ranks inside a VirtualCluster's namespaces: directly, or with horovodrun over ssh.
 
+Every namespace is a machine of ``ranks_per_machine`` (N) ranks: ranks
+m*N .. m*N+N-1 run in namespace m, so Horovod reports local size N and cross
+size M (the namespaces) as on a cluster of M machines with N slots each. Ranks
+of one namespace reach each other at its own address (the kernel routes a
+namespace's own addresses over its loopback), ranks of different namespaces
+over the shaped links.
+
 ``direct`` (the default): what ``horovodrun --gloo`` does for one host, done per namespace: Horovod's
 own rendezvous HTTP server, bound to the bridge address so that rendezvous
-traffic stays inside the virtual network, is told the slot plan (one slot per
-namespace, so every rank is its own "host": local size 1, cross size W), and
+traffic stays inside the virtual network, is told the slot plan (N slots per
+namespace: local size N, cross size M), and
 each rank gets the Gloo environment ``horovod.runner.gloo_run`` would give it:
 HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_CONTROLLER/CPU_OPERATIONS=gloo,
 HOROVOD_GLOO_IFACE, HOROVOD_HOSTNAME and HOROVOD_RANK/SIZE/LOCAL_*/CROSS_*.
 
 ``horovodrun``: the real multi-host path. An ssh server runs in every
-namespace (``sshd.SshServers``), and the unmodified ``horovodrun -np W -H
-<ns0>:1,<ns1>:1,... --gloo`` starts the ranks as on a cluster: it checks ssh
+namespace (``sshd.SshServers``), and the unmodified ``horovodrun -np M*N -H
+<ns0>:N,<ns1>:N,... --gloo`` starts the ranks as on a cluster: it checks ssh
 to every host, starts its task services on them over ssh to find the
 interface they share, starts the rendezvous server and launches each rank
 with ``ssh <host> 'cd <cwd>; env ... python ...'``. The hosts share this
@@ -19,7 +26,7 @@ paths, as on a cluster with a shared home. Its output (each line prefixed
 with ``[rank]<stdout>:``) goes to one log.
 
     python -m benchmarks.launcher [--launcher horovodrun] [--workers 2]
-        [--bandwidth 1gbit] [--timeout 900] SCRIPT [ARGS...]
+        [--ranks-per-machine 1] [--bandwidth 1gbit] [--timeout 900] SCRIPT [ARGS...]
 
 runs ``python SCRIPT ARGS`` that way on a fresh virtual cluster (root), prints
 the launch command and the job's output, and removes everything it made.
@@ -52,6 +59,26 @@ class RankFailure(RuntimeError):
     pass
 
 
+def check_ranks_per_machine(ranks_per_machine):
+    """The ranks each namespace (machine) runs: an integer >= 1."""
+    if isinstance(ranks_per_machine, bool) or not isinstance(ranks_per_machine, int) \
+            or ranks_per_machine < 1:
+        raise ValueError("ranks per machine must be an integer >= 1 (the ranks each namespace "
+                         "runs, as horovodrun -H host:N), got %r" % (ranks_per_machine,))
+    return ranks_per_machine
+
+
+def rank_placement(rank, size, ranks_per_machine=1):
+    """Where rank ``rank`` of ``size`` sits when every machine holds ``ranks_per_machine``
+    consecutive ranks, as horovodrun places them: its machine (``cross_rank``), its rank on
+    the machine (``local_rank``), and the local and cross sizes."""
+    check_ranks_per_machine(ranks_per_machine)
+    if size % ranks_per_machine:
+        raise ValueError("%d ranks do not fill machines of %d ranks each" % (size, ranks_per_machine))
+    return {"local_rank": rank % ranks_per_machine, "local_size": ranks_per_machine,
+            "cross_rank": rank // ranks_per_machine, "cross_size": size // ranks_per_machine}
+
+
 class RendezvousServer:
     """Horovod's rendezvous HTTP server on a chosen address; a context manager."""
 
@@ -61,7 +88,8 @@ class RendezvousServer:
         self._server = None
         self._thread = None
 
-    def start(self, hostnames):
+    def start(self, hostnames, ranks_per_machine=1):
+        """Serves the slot plan of ``ranks_per_machine`` ranks on each of ``hostnames``."""
         from horovod.runner.common.util.hosts import SlotInfo
         from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
@@ -69,11 +97,11 @@ class RendezvousServer:
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
-        size = len(hostnames)
+        size = len(hostnames) * check_ranks_per_machine(ranks_per_machine)
         plan = [
-            SlotInfo(hostname=host, rank=rank, local_rank=0, cross_rank=rank,
-                     size=size, local_size=1, cross_size=size)
-            for rank, host in enumerate(hostnames)
+            SlotInfo(hostname=hostnames[rank // ranks_per_machine], rank=rank, size=size,
+                     **rank_placement(rank, size, ranks_per_machine))
+            for rank in range(size)
         ]
         self._server.init(plan)
         return self
@@ -110,7 +138,11 @@ def job_environment(threads=1, extra_env=None):
     return env
 
 
-def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None):
+def rank_environment(rank, size, hostname, iface, server_address, port, threads=1, extra_env=None,
+                     ranks_per_machine=1):
+    """Horovod's Gloo environment of rank ``rank`` of ``size``, on the machine ``hostname``
+    of ``ranks_per_machine`` consecutive ranks (``rank_placement``)."""
+    placement = rank_placement(rank, size, ranks_per_machine)
     env = job_environment(threads, extra_env)
     env.update({
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_address,
@@ -121,10 +153,10 @@ def rank_environment(rank, size, hostname, iface, server_address, port, threads=
         "HOROVOD_HOSTNAME": hostname,
         "HOROVOD_RANK": str(rank),
         "HOROVOD_SIZE": str(size),
-        "HOROVOD_LOCAL_RANK": "0",
-        "HOROVOD_LOCAL_SIZE": "1",
-        "HOROVOD_CROSS_RANK": str(rank),
-        "HOROVOD_CROSS_SIZE": str(size),
+        "HOROVOD_LOCAL_RANK": str(placement["local_rank"]),
+        "HOROVOD_LOCAL_SIZE": str(placement["local_size"]),
+        "HOROVOD_CROSS_RANK": str(placement["cross_rank"]),
+        "HOROVOD_CROSS_SIZE": str(placement["cross_size"]),
     })
     return env
 
@@ -141,8 +173,10 @@ def _kill(process):
         pass
 
 
-def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None):
-    """Runs ``python argv...`` once per namespace of ``cluster``; all ranks must exit 0.
+def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None,
+              ranks_per_machine=1):
+    """Runs ``python argv...`` ``ranks_per_machine`` times in every namespace of ``cluster``
+    (ranks m*N .. m*N+N-1 in namespace m); all ranks must exit 0.
 
     ``extra_env`` is added to every rank's environment.
 
@@ -150,19 +184,21 @@ def run_ranks(cluster, argv, log_dir, timeout_s, log_prefix="rank", extra_env=No
     (after killing the other ranks) when one fails or the timeout passes.
     """
     os.makedirs(log_dir, exist_ok=True)
-    size = len(cluster.namespaces)
+    size = len(cluster.namespaces) * check_ranks_per_machine(ranks_per_machine)
     processes, logs = [], []
     with RendezvousServer(cluster.server_address) as server:
-        server.start(cluster.namespaces)
+        server.start(cluster.namespaces, ranks_per_machine)
         try:
             for rank in range(size):
-                env = rank_environment(rank, size, cluster.namespaces[rank], cluster.iface,
-                                       cluster.server_address, server.port, extra_env=extra_env)
+                machine = rank // ranks_per_machine
+                env = rank_environment(rank, size, cluster.namespaces[machine], cluster.iface,
+                                       cluster.server_address, server.port, extra_env=extra_env,
+                                       ranks_per_machine=ranks_per_machine)
                 log_path = os.path.join(log_dir, "%s%d.log" % (log_prefix, rank))
                 log = open(log_path, "w")
                 logs.append(log_path)
                 processes.append(subprocess.Popen(
-                    cluster.exec_prefix(rank) + [sys.executable] + list(argv),
+                    cluster.exec_prefix(machine) + [sys.executable] + list(argv),
                     env=env, stdout=log, stderr=subprocess.STDOUT, cwd=_REPO_ROOT,
                     start_new_session=True,
                 ))
@@ -222,18 +258,23 @@ def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
                 process.wait(timeout=30)
 
 
-def horovodrun_command(servers, argv):
-    """``horovodrun -np W -H host0:1,...`` over ``servers``' ssh (port and key), running ``python argv``."""
-    hosts = ",".join("%s:1" % host for host in servers.hosts)
-    return [horovodrun_path(), "-np", str(len(servers.hosts)), "-H", hosts, "--gloo",
+def horovodrun_command(servers, argv, ranks_per_machine=1):
+    """``horovodrun -np M*N -H host0:N,...`` (N ranks on each of the M hosts) over
+    ``servers``' ssh (port and key), running ``python argv``."""
+    check_ranks_per_machine(ranks_per_machine)
+    hosts = ",".join("%s:%d" % (host, ranks_per_machine) for host in servers.hosts)
+    return [horovodrun_path(), "-np", str(len(servers.hosts) * ranks_per_machine), "-H", hosts,
+            "--gloo",
             "--ssh-port", str(servers.port), "--ssh-identity-file", servers.identity_file,
             # Horovod's cache (~/.horovod) would keep this run's ssh and interface checks.
             "--disable-cache", "--start-timeout", str(HOROVODRUN_START_TIMEOUT_S),
             sys.executable] + list(argv)
 
 
-def run_ranks_horovodrun(servers, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None):
-    """Runs ``python argv...`` on every namespace of ``servers.cluster`` with horovodrun over ssh.
+def run_ranks_horovodrun(servers, argv, log_dir, timeout_s, log_prefix="rank", extra_env=None,
+                         ranks_per_machine=1):
+    """Runs ``python argv...`` ``ranks_per_machine`` times on every namespace of
+    ``servers.cluster`` with horovodrun over ssh.
 
     Same contract as ``run_ranks``; the output of all ranks goes to
     ``log_dir/<log_prefix>s_horovodrun.log``, which starts with the command.
@@ -242,7 +283,7 @@ def run_ranks_horovodrun(servers, argv, log_dir, timeout_s, log_prefix="rank", e
     """
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, "%ss_horovodrun.log" % log_prefix)
-    command = horovodrun_command(servers, argv)
+    command = horovodrun_command(servers, argv, ranks_per_machine)
     with open(log_path, "w") as log:
         log.write("$ %s\n" % shlex.join(command))
         log.flush()
@@ -263,16 +304,18 @@ def run_ranks_horovodrun(servers, argv, log_dir, timeout_s, log_prefix="rank", e
 
 
 @contextlib.contextmanager
-def open_launcher(name, cluster):
+def open_launcher(name, cluster, ranks_per_machine=1):
     """Yields ``run(argv, log_dir, timeout_s, log_prefix="rank", extra_env=None)`` that
-    starts one rank per namespace of the created ``cluster`` with launcher ``name``."""
+    starts ``ranks_per_machine`` ranks in every namespace of the created ``cluster`` with
+    launcher ``name``."""
     if name not in LAUNCHERS:
         raise ValueError("launcher must be one of %s, got %r" % (", ".join(LAUNCHERS), name))
+    check_ranks_per_machine(ranks_per_machine)
     if name == "direct":
-        yield functools.partial(run_ranks, cluster)
+        yield functools.partial(run_ranks, cluster, ranks_per_machine=ranks_per_machine)
         return
     with sshd.SshServers(cluster) as servers:
-        yield functools.partial(run_ranks_horovodrun, servers)
+        yield functools.partial(run_ranks_horovodrun, servers, ranks_per_machine=ranks_per_machine)
 
 
 def main(argv=None):
@@ -280,13 +323,16 @@ def main(argv=None):
                                      description="Runs a training script on a virtual cluster "
                                                  "of network namespaces (root).")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="horovodrun")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="namespaces (machines)")
+    parser.add_argument("--ranks-per-machine", type=int, default=1,
+                        help="ranks in every namespace (horovodrun -H ns0:N,ns1:N; default 1)")
     parser.add_argument("--bandwidth", default="1gbit", help="tc rate per link, or 'none'")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole job")
     parser.add_argument("script", help="the training script (e.g. examples/train_digits.py)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
     try:
+        check_ranks_per_machine(args.ranks_per_machine)
         cluster = netns.VirtualCluster(args.workers, bandwidth=args.bandwidth, tag="l")
     except ValueError as error:
         parser.error(str(error))
@@ -298,10 +344,11 @@ def main(argv=None):
     log_dir = tempfile.mkdtemp(prefix="%s-logs-" % cluster.prefix)
     code = 0
     try:
-        with netns.terminate_cleanly(), cluster, open_launcher(args.launcher, cluster) as run:
-            print("[launcher] %d namespaces %s at %s, links %s" % (
+        with netns.terminate_cleanly(), cluster, \
+                open_launcher(args.launcher, cluster, args.ranks_per_machine) as run:
+            print("[launcher] %d namespaces %s at %s, links %s, %d ranks per machine" % (
                 args.workers, ", ".join(cluster.namespaces), ", ".join(cluster.addresses),
-                args.bandwidth), flush=True)
+                args.bandwidth, args.ranks_per_machine), flush=True)
             try:
                 logs = run([args.script] + args.args, log_dir, args.timeout, log_prefix="job")
             except RankFailure as failure:

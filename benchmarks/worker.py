@@ -48,6 +48,13 @@ failed on one rank, or a deadline one rank reached, is skipped or stops the
 run on every rank together instead of leaving the others waiting in
 collectives the failed rank never joins.
 
+``hierarchical`` (the spec's; cluster.py's ``--hierarchical``): every MergeComp
+config is built with ``MergeComp(hierarchical=...)``: None (the search may choose
+two levels per group), True (every group on two levels) or False (flat). Unless it
+is False, Horovod starts with the machines' process sets
+(``tf_mergecomp.hierarchical.machine_process_sets``: none with one rank per
+machine), which the two-level reduce runs on.
+
 ``search_on``: "training" searches the partition during training
 (``MergeCompCallback``: a profiled one-group step and probes of single
 groups predict the candidates, the best few are confirmed by training steps
@@ -77,6 +84,8 @@ SEARCHED_PARTITIONS = {"searched": {}, "searched_single": {"plain_groups": False
 # ones a config can also train on another config's model with).
 FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
 SEARCH_ON = ("training", "exchange")
+# The spec's "hierarchical", as MergeComp takes it, by the cluster's --hierarchical.
+HIERARCHICAL_CHOICES = {"auto": None, "true": True, "false": False}
 
 
 # Set (to "1") by the cluster benchmark: each rank keeps to its own cores.
@@ -166,8 +175,10 @@ def _train_timed(model, dataset, steps):
             [cpu[i] - cpu[i - 1] for i in range(1, steps + 1)])
 
 
-def build_compression(config):
-    """Returns (compression for hvd.DistributedOptimizer, search callback class or None, note)."""
+def build_compression(config, hierarchical=None):
+    """Returns (compression for hvd.DistributedOptimizer, search callback class or None, note).
+
+    ``hierarchical``: MergeComp's level setting (None, True or False) for a MergeComp config."""
     import horovod.tensorflow.keras as hvd
 
     kind = config["kind"]
@@ -183,7 +194,7 @@ def build_compression(config):
     partition = config["partition"]
     if partition not in MERGECOMP_PARTITIONS:
         raise ValueError("partition must be one of %s, got %r" % (MERGECOMP_PARTITIONS, partition))
-    params = dict(config.get("params", {}))
+    params = dict(config.get("params", {}), hierarchical=hierarchical)
     if partition in FIXED_PARTITIONS:
         return (MergeComp(config["algorithm"], partitions=FIXED_PARTITIONS[partition], seed=0,
                           **params), None, "")
@@ -236,7 +247,8 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
         slot.partition = FIXED_PARTITIONS[partition]
         slot.exchange = _make_exchange(slot.compression, gradients, tf)
         return
-    compression, slot.search_callback_class, slot.result["note"] = build_compression(slot.config)
+    compression, slot.search_callback_class, slot.result["note"] = build_compression(
+        slot.config, spec.get("hierarchical"))
     slot.compression = compression
     slot.mergecomp = compression if slot.config["kind"] == "mergecomp" else None
     slot.model = models.build_model(spec["model"])
@@ -560,6 +572,18 @@ def _collectives(slot):
     return int(slot.mergecomp.collectives_executed.numpy()) if slot.mergecomp is not None else None
 
 
+def init_horovod(hvd, hierarchical):
+    """``hvd.init``, with the machines' process sets unless ``hierarchical`` is False
+    (none when every machine holds one rank). Returns the sets given."""
+    process_sets = []
+    if hierarchical is not False:
+        from tf_mergecomp.hierarchical import machine_process_sets
+
+        process_sets = machine_process_sets()
+    hvd.init(process_sets=process_sets)
+    return process_sets
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -576,7 +600,7 @@ def main(argv=None):
     from tf_mergecomp.search import restart as horovod_restart
     from tf_mergecomp.keras2 import keras
 
-    hvd.init()
+    process_sets = init_horovod(hvd, spec.get("hierarchical"))
     rank, size = hvd.rank(), hvd.size()
     keras.utils.set_random_seed(1234)
     reference = models.build_model(spec["model"])
@@ -587,6 +611,10 @@ def main(argv=None):
     output = {
         "rank": rank,
         "size": size,
+        "local_size": hvd.local_size(),
+        "cross_size": hvd.cross_size(),
+        "hierarchical": spec.get("hierarchical"),
+        "machine_process_sets": len(process_sets),
         "model": spec["model"],
         "parameters": int(reference.count_params()),
         "gradient_tensors": len(reference.trainable_variables),
