@@ -272,7 +272,7 @@ def test_batch_noise_and_peak_rss_reach_the_ratios():
         output(0, 1500.0, topk_results), output(1, 1600.0, topk_results)]}
     horovod_batch["ranks"][0]["horovod_restarts"] = 3
     topk_batch["ranks"][0]["horovod_restarts"] = 8
-    ranks = cluster.merge_batches([horovod_batch, topk_batch], workers=2)
+    ranks = cluster.merge_batches([horovod_batch, topk_batch], num_ranks=2)
     assert ranks[0]["compute_step_s"] == 0.3 and len(ranks[1]["results"]) == 5
     assert ranks[0]["horovod_restarts"] == 11 and ranks[1]["horovod_restarts"] == 0
     group = {"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32,
@@ -321,7 +321,7 @@ def test_isolated_configs_share_their_algorithms_noise():
                result("dgc one", "dgc", "one", 0.3)]
     batches = [{"labels": [r["label"]], "error": None,
                 "ranks": [{"rank": rank, "results": [r]} for rank in (0, 1)]} for r in results]
-    ranks = cluster.merge_batches(batches, workers=2)
+    ranks = cluster.merge_batches(batches, num_ranks=2)
     rows = {r["label"]: r for r in cluster.summarize(
         {"model": "transformer", "workers": 2, "ranks": ranks, "batch_size": 32})}
     assert rows["topk one"]["batch"] == 1 and rows["topk layerwise (repeat)"]["batch"] == 2
