@@ -87,3 +87,31 @@ def test_launcher_choice_is_checked():
             pass
     with pytest.raises(ValueError, match="1..65535"):
         sshd.SshServers(netns.VirtualCluster(1), port=0)
+
+
+@pytest.mark.multiworker
+@needs_sshd
+def test_two_namespaces_of_two_ranks_are_two_machines_to_horovod():
+    """horovodrun -np 4 -H ns0:2,ns1:2 over ssh (about 45 s on 2 busy cores): every rank
+    reports local size 2 and cross size 2, ranks 0-1 on the first namespace, 2-3 on the
+    second, and an allreduce across both sums all four ranks."""
+    command = [sys.executable, "-m", "benchmarks.launcher", "--launcher", "horovodrun",
+               "--workers", "2", "--ranks-per-machine", "2", "--timeout", "200",
+               "tests/workers/machine_layout.py"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    namespaces = re.search(r"\[launcher\] 2 namespaces (\S+), (\S+) at", output).group(1, 2)
+    launch = re.search(r"^\$ (.*)$", output, re.M).group(1).split()
+    assert launch[launch.index("-np") + 1] == "4"
+    assert launch[launch.index("-H") + 1] == "%s:2,%s:2" % namespaces
+    seen = {int(rank): fields for rank, *fields in re.findall(
+        r"^\[(\d)\]<stdout>:rank \1 of 4: local (\d)/(\d) cross (\d)/(\d) on (\S+), "
+        r"sum of ranks (\d+)$", output, re.M)}
+    assert sorted(seen) == [0, 1, 2, 3], output[-4000:]
+    for rank, (local_rank, local_size, cross_rank, cross_size, host, total) in seen.items():
+        assert (int(local_rank), int(cross_rank)) == (rank % 2, rank // 2)
+        assert (local_size, cross_size, total) == ("2", "2", "6")
+        assert host == namespaces[rank // 2]
+    assert "nothing left over" in output, output[-2000:]
