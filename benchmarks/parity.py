@@ -62,7 +62,10 @@ def _main_job():
     """examples/train_digits.py as a module: parity trains the main job's model on its data."""
     import importlib.util
 
-    path = os.path.join(_REPO_ROOT, "examples", "train_digits.py")
+    examples = os.path.join(_REPO_ROOT, "examples")
+    if examples not in sys.path:  # the example imports its data loader (digits_data.py) as
+        sys.path.insert(0, examples)  # a script would, from its own folder
+    path = os.path.join(examples, "train_digits.py")
     module_spec = importlib.util.spec_from_file_location("train_digits", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

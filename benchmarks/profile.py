@@ -441,6 +441,7 @@ class _ProbeSource:
         self.memory = mergecomp.memory
         self.seed = mergecomp.seed
         self.plain_groups = mergecomp.plain_groups
+        self.hierarchical = mergecomp.hierarchical
         self.tensor_shapes = shapes
         self.tensor_dtypes = dtypes
 
