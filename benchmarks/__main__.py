@@ -302,6 +302,10 @@ def _parity_options(parity):
     parity.add_argument("--seed", type=int, default=None,
                         help="the initial weights' and the shuffling's seed (default 42)")
     parity.add_argument("--np", type=int, default=2, dest="num_proc")
+    parity.add_argument("--ranks-per-machine", type=int, default=1,
+                        help="N >= 2 (with --np 2N): two machines of N ranks on this one "
+                             "(horovodrun -H localhost:N,127.0.0.1:N), one group flat against "
+                             "one group on two levels for every codec (default 1)")
     parity.add_argument("--timeout", type=float, default=1500.0)
     parity.add_argument("--out", default=OUT_DEFAULTS["parity"])
 
@@ -447,6 +451,11 @@ def main(argv=None):
         return 0
     from benchmarks import parity
 
+    try:
+        parity.machines_hosts(args.num_proc, args.ranks_per_machine)
+    except ValueError as error:
+        print("error: %s" % error, file=sys.stderr)
+        return 2
     print(parity.run(args))
     return 0
 

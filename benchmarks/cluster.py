@@ -512,8 +512,15 @@ def target_lines(group, single_images_per_s, model=None):
         searched = by.get((algorithm, "searched"), {})
         layerwise = by.get((algorithm, "layerwise"), {})
         one = by.get((algorithm, "one"), {})
+        two_level = by.get((algorithm, "one_two_level"), {})
+        levels = []
+        if two_level.get("images_per_s") and one.get("images_per_s"):
+            levels.append("one group, two levels / flat: %sx%s" % (
+                report.fmt(two_level["images_per_s"] / one["images_per_s"]),
+                _uncertainty_text(paired_uncertainty(two_level, one))))
         if not searched.get("images_per_s"):
-            lines.append("%s: MergeComp not measured" % algorithm)
+            lines.append("%s: %s" % (algorithm, "; ".join(levels + [
+                "MergeComp searched not measured"])))
             continue
         verdicts = []
         sentinels = [r for r in (layerwise, one) if r.get("images_per_s")]
@@ -529,6 +536,7 @@ def target_lines(group, single_images_per_s, model=None):
             verdicts.append("searched >= %sx layer-wise: %s (%sx%s)" % (
                 TRANSFORMER_SPEEDUP[algorithm], _verdict(speedup, TRANSFORMER_SPEEDUP[algorithm]),
                 report.fmt(speedup), _uncertainty_text(paired_uncertainty(searched, layerwise))))
+        verdicts.extend(levels)
         verdicts.extend(_plain_choice_verdicts(searched, by.get((algorithm, "searched_single"), {}),
                                                horovod))
         lines.append("%s: %s; %s" % (algorithm, "; ".join(verdicts), _noise_text(searched)))
@@ -762,6 +770,7 @@ def _bars(ax, rows, key, scale, ylabel, title):
     rows = primary_rows(rows)
     algorithms = _algorithms(rows)
     styles = {"layerwise": ("layer-wise", "tab:gray"), "one": ("one group", "tab:orange"),
+              "one_two_level": ("one group, two levels", "tab:red"),
               "searched": ("MergeComp", "tab:blue"),
               "searched_single": ("MergeComp, single codec", "tab:cyan")}
     modes = [m for m in styles if any(r["config"].get("partition") == m for r in rows)]
@@ -897,9 +906,27 @@ def check_args(args):
     if getattr(args, "hierarchical", "auto") not in HIERARCHICAL_CHOICES:
         raise ValueError("--hierarchical must be one of %s, got %r"
                          % (", ".join(HIERARCHICAL_CHOICES), args.hierarchical))
+    if "one_two_level" in getattr(args, "modes", PARTITION_MODES):
+        _check_two_level_mode(args)
     if args.launcher not in launcher.LAUNCHERS:
         raise ValueError("--launcher must be one of %s, got %r" % (", ".join(launcher.LAUNCHERS),
                                                                   args.launcher))
     if not 0 <= args.search_min_turn_ms < float("inf"):
         raise ValueError("--search-min-turn-ms must be >= 0, got %r" % args.search_min_turn_ms)
     return args
+
+
+def _check_two_level_mode(args):
+    """Mode one_two_level (one group on two levels, beside one group flat on the same
+    MergeComp) needs machines of several ranks, --hierarchical auto and codecs that can
+    be cut into shards."""
+    if ranks_per_machine(args) < 2:
+        raise ValueError("mode one_two_level needs --ranks-per-machine 2 or more (with one rank "
+                         "per machine every group is flat)")
+    if getattr(args, "hierarchical", "auto") != "auto":
+        raise ValueError("mode one_two_level needs --hierarchical auto (MergeComp(hierarchical="
+                         "None), which lets a group take two levels), got %r" % args.hierarchical)
+    unshardable = [a for a in args.algorithms if a == "powersgd"]
+    if unshardable:
+        raise ValueError("mode one_two_level: %s reduces its groups itself and has no two-level "
+                         "reduce; leave it out of --algorithms" % ", ".join(unshardable))

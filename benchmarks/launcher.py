@@ -225,8 +225,8 @@ def horovodrun_path():
     return candidate if os.path.exists(candidate) else "horovodrun"
 
 
-def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
-    """Writes ``spec`` to OUT_DIR/spec.json and runs ``horovodrun -np N --gloo
+def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s, hosts=None):
+    """Writes ``spec`` to OUT_DIR/spec.json and runs ``horovodrun -np N [-H HOSTS] --gloo
     python -m MODULE --worker OUT_DIR/spec.json`` on this machine (loopback), its
     output into OUT_DIR/horovodrun.log. Returns (the job's exit code, or None when
     it ran past ``timeout_s`` and was killed with all its processes; the log's path)."""
@@ -238,8 +238,8 @@ def run_local_horovodrun(module, spec, out_dir, num_proc, timeout_s):
         json.dump(spec, f, indent=1)
     log_path = os.path.join(out_dir, "horovodrun.log")
     repo_root = _REPO_ROOT
-    command = [horovodrun_path(), "-np", str(num_proc), "--gloo", sys.executable, "-m", module,
-               "--worker", spec_path]
+    command = ([horovodrun_path(), "-np", str(num_proc)] + (["-H", hosts] if hosts else [])
+               + ["--gloo", sys.executable, "-m", module, "--worker", spec_path])
     from tf_mergecomp import keras2
 
     env = keras2.child_environ(

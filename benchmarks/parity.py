@@ -14,6 +14,13 @@ plain, or plain Horovod) and with the single-codec search
 test images, the searched config's accuracy against the single-codec search's
 (``PLAIN_GROUPS_TOLERANCE``), and whether both ranks ended with identical weights.
 
+``--ranks-per-machine N`` (N >= 2, ``--np 2N``): two machines of N ranks on this one
+(``horovodrun -H localhost:N,127.0.0.1:N``; Horovod reports local size N, cross size
+2). Configs then: Horovod fp32, and for each algorithm one group flat and one group on
+two levels (``MergeComp(hierarchical=None)`` with the group's codec
+``"<codec>/two-level"``; PowerSGD has no two-level reduce and runs flat only); the table
+gives two levels against flat, ``TWO_LEVEL_TOLERANCE`` points at most.
+
 Optimizer: plain SGD for every config, learning rate 0.05 x workers, except
 DGC, whose memory adds momentum 0.9 (so 0.005 x workers gives the same
 effective step), and the majority-vote codecs (signsgd, signum), whose update
@@ -35,6 +42,10 @@ DGC_LEARNING_RATE = 0.005
 SIGN_LEARNING_RATE = 0.002
 SEED = 42
 MODES = ("layerwise", "searched", "searched_single")
+# On machines of several ranks: one group flat against one group on two levels.
+TWO_LEVEL_MODES = ("one", "one_two_level")
+# Two levels may not cost more than this much test accuracy against flat (points).
+TWO_LEVEL_TOLERANCE = 0.5
 # The per-group codec choice may not cost more than this much test accuracy
 # against the single-codec search (accuracy points, i.e. percent).
 PLAIN_GROUPS_TOLERANCE = 0.5
@@ -49,10 +60,13 @@ def learning_rate(algorithm):
     return LEARNING_RATE
 
 
-def plan_configs(algorithms):
+def plan_configs(algorithms, ranks_per_machine=1):
     configs = [{"label": "horovod fp32", "kind": "horovod", "compression": "none"}]
     for algorithm in algorithms:
-        for mode in MODES:
+        modes = MODES
+        if ranks_per_machine > 1:
+            modes = TWO_LEVEL_MODES if algorithm != "powersgd" else TWO_LEVEL_MODES[:1]
+        for mode in modes:
             configs.append({"label": "%s %s" % (algorithm, mode), "kind": "mergecomp",
                             "algorithm": algorithm, "partition": mode})
     return configs
@@ -115,9 +129,11 @@ def worker_main(spec_path):
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
+    from benchmarks.worker import init_horovod
+
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    hvd.init()
+    init_horovod(hvd, None)  # the machines' process sets, for the two-level configs
     main_job = _main_job()
     data = main_job.load_data(hvd.rank(), hvd.size())
     results = []
@@ -160,15 +176,72 @@ def plain_groups_verdict(searched, single):
     return points, "met" if points >= -PLAIN_GROUPS_TOLERANCE else "missed"
 
 
-def table(output, epochs, seed=SEED):
-    results = output.get("results", [])
-    by_label = {r["label"]: r for r in results}
-    fp32 = by_label.get("horovod fp32", {}).get("accuracy")
+def _algorithms_of(results):
     algorithms = []
     for r in results:
         algorithm = r["config"].get("algorithm")
         if algorithm and algorithm not in algorithms:
             algorithms.append(algorithm)
+    return algorithms
+
+
+def _identical_text(runs):
+    finished = [r for r in runs if r.get("ok")]
+    return ("yes" if all(r["ranks_identical"] for r in finished) else "NO") if finished else "-"
+
+
+def _header(output, epochs, seed):
+    machines = output.get("machines")
+    workers = ("%d workers" % output.get("size", 2) if not machines else
+               "%d workers (%d machines x %d ranks)" % (output["size"], machines,
+                                                        output["size"] // machines))
+    return ("Digits CNN, %s, %d epochs, batch 32 per worker, plain SGD "
+            "(lr %g x W; dgc %g x W, its memory adds momentum 0.9; %g x W for %s); "
+            "seed %d; test accuracy on 360 images.\n\n"
+            % (workers, epochs, LEARNING_RATE, DGC_LEARNING_RATE, SIGN_LEARNING_RATE,
+               "/".join(SIGN_CODECS), seed))
+
+
+def two_level_verdict(two_level, flat):
+    """One group on two levels against one group flat, test accuracy in points:
+    (difference, "met"/"missed"), or None where either is missing."""
+    if two_level.get("accuracy") is None or flat.get("accuracy") is None:
+        return None
+    points = 100 * (two_level["accuracy"] - flat["accuracy"])
+    return points, "met" if points >= -TWO_LEVEL_TOLERANCE else "missed"
+
+
+def two_level_table(output, epochs, seed=SEED):
+    """The table of a run on machines of several ranks: two levels against flat."""
+    results = output.get("results", [])
+    by_label = {r["label"]: r for r in results}
+    fp32 = by_label.get("horovod fp32", {})
+    rows = [["horovod fp32", fp32.get("accuracy"), "-", "-", "", _identical_text([fp32])]]
+    met = compared = 0
+    for algorithm in _algorithms_of(results):
+        runs = [by_label.get("%s %s" % (algorithm, mode), {}) for mode in TWO_LEVEL_MODES]
+        flat, two_level = runs
+        verdict = two_level_verdict(two_level, flat)
+        compared += verdict is not None
+        met += verdict is not None and verdict[1] == "met"
+        notes = [r.get("error") or r.get("note") for r in runs]
+        if not two_level:
+            notes.append("no two-level reduce")
+        rows.append([algorithm, flat.get("accuracy"), two_level.get("accuracy"),
+                     "-" if verdict is None else "%+.1f (%s)" % verdict,
+                     "; ".join(n for n in notes if n), _identical_text(runs)])
+    footer = ("\n\nOne group on two levels no more than %s points below one group flat: "
+              "%d of %d codecs compared." % (TWO_LEVEL_TOLERANCE, met, compared))
+    return _header(output, epochs, seed) + report.markdown_table(
+        ["config", "one group, flat acc", "one group, two levels acc", "two levels - flat (points)",
+         "notes", "ranks identical"], rows) + footer
+
+
+def table(output, epochs, seed=SEED):
+    results = output.get("results", [])
+    by_label = {r["label"]: r for r in results}
+    fp32 = by_label.get("horovod fp32", {}).get("accuracy")
+    algorithms = _algorithms_of(results)
     rows = [["horovod fp32", fp32, "-", "-", "-", "-", "-", "-",
              "yes" if by_label.get("horovod fp32", {}).get("ranks_identical") else "NO"]]
     met = 0
@@ -176,8 +249,7 @@ def table(output, epochs, seed=SEED):
         runs = [by_label.get("%s %s" % (algorithm, mode), {}) for mode in MODES]
         layerwise, searched, single = runs
         notes = [r.get("error") or r.get("note") for r in runs]
-        finished = [r for r in runs if r.get("ok")]
-        identical = ("yes" if all(r["ranks_identical"] for r in finished) else "NO") if finished else "-"
+        identical = _identical_text(runs)
         verdict = plain_groups_verdict(searched, single)
         met += verdict is not None and verdict[1] == "met"
         rows.append([algorithm, layerwise.get("accuracy"), searched.get("accuracy"),
@@ -185,11 +257,7 @@ def table(output, epochs, seed=SEED):
                      _layout_text(single, algorithm),
                      "-" if verdict is None else "%+.1f (%s)" % verdict,
                      "; ".join(n for n in notes if n) or "", identical])
-    header = ("Digits CNN, %d workers, %d epochs, batch 32 per worker, plain SGD "
-              "(lr %g x W; dgc %g x W, its memory adds momentum 0.9; %g x W for %s); "
-              "seed %d; test accuracy on 360 images.\n\n"
-              % (output.get("size", 2), epochs, LEARNING_RATE, DGC_LEARNING_RATE,
-                 SIGN_LEARNING_RATE, "/".join(SIGN_CODECS), seed))
+    header = _header(output, epochs, seed)
     footer = ("\n\nSearched (per-group codecs) no more than %s points below the single-codec "
               "search: %d of %d codecs." % (PLAIN_GROUPS_TOLERANCE, met, len(algorithms)))
     return header + report.markdown_table(
@@ -198,15 +266,29 @@ def table(output, epochs, seed=SEED):
         rows) + footer
 
 
+def machines_hosts(num_proc, ranks_per_machine):
+    """horovodrun's -H for two machines of ``ranks_per_machine`` ranks on this one
+    (None with one rank per machine: -np alone)."""
+    if ranks_per_machine == 1:
+        return None
+    if ranks_per_machine < 1 or num_proc != 2 * ranks_per_machine:
+        raise ValueError("--ranks-per-machine N runs two machines of N ranks on this one: "
+                         "--np must be 2N (got --np %d, --ranks-per-machine %d)"
+                         % (num_proc, ranks_per_machine))
+    return "localhost:%d,127.0.0.1:%d" % (ranks_per_machine, ranks_per_machine)
+
+
 def run(args):
+    ranks_per_machine = getattr(args, "ranks_per_machine", 1)
+    hosts = machines_hosts(args.num_proc, ranks_per_machine)
     os.makedirs(args.out, exist_ok=True)
     notes = []
-    spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms),
+    spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms, ranks_per_machine),
             "seed": SEED if getattr(args, "seed", None) is None else args.seed,
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}
     code, log_path = launcher.run_local_horovodrun("benchmarks.parity", spec, args.out,
-                                                   args.num_proc, args.timeout)
+                                                   args.num_proc, args.timeout, hosts=hosts)
     if code is None:
         notes.append("timed out after %.0f s; results so far shown" % args.timeout)
     if code not in (0, None):
@@ -216,7 +298,9 @@ def run(args):
             output = json.load(f)
     except (OSError, ValueError):
         output = {"results": []}
-    text = table(output, args.epochs, spec["seed"]) + "".join("\n- " + n for n in notes)
+    if hosts is not None:
+        output["machines"] = 2
+    text = (table if hosts is None else two_level_table)(output, args.epochs, spec["seed"]) + "".join("\n- " + n for n in notes)
     with open(os.path.join(args.out, "parity.md"), "w") as f:
         f.write(text + "\n")
     return text

@@ -53,7 +53,9 @@ config is built with ``MergeComp(hierarchical=...)``: None (the search may choos
 two levels per group), True (every group on two levels) or False (flat). Unless it
 is False, Horovod starts with the machines' process sets
 (``tf_mergecomp.hierarchical.machine_process_sets``: none with one rank per
-machine), which the two-level reduce runs on.
+machine), which the two-level reduce runs on. A config's own ``params`` may set
+it instead. The "one_two_level" partition (one group, on two levels) needs None:
+beside "one" on the same MergeComp, it compares the levels on one model.
 
 ``search_on``: "training" searches the partition during training
 (``MergeCompCallback``: a profiled one-group step and probes of single
@@ -75,14 +77,18 @@ import traceback
 from benchmarks import report
 
 COMPRESSION_KINDS = ("horovod", "mergecomp")
-MERGECOMP_PARTITIONS = ("layerwise", "one", "searched", "searched_single")
+MERGECOMP_PARTITIONS = ("layerwise", "one", "one_two_level", "searched", "searched_single")
 # The searched partitions, and the MergeComp settings they differ in:
 # "searched" chooses per group between the codec and plain (and plain Horovod),
 # "searched_single" compresses every group with the codec, as before that choice.
 SEARCHED_PARTITIONS = {"searched": {}, "searched_single": {"plain_groups": False}}
 # The configs' fixed partitions, as MergeComp and set_partition take them (the
 # ones a config can also train on another config's model with).
-FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1}
+FIXED_PARTITIONS = {"layerwise": "layerwise", "one": 1, "one_two_level": 1}
+# The fixed partitions whose every group takes two levels (its codec as
+# "<codec>/two-level"), on a MergeComp that lets each group choose its level
+# (hierarchical=None): beside "one" on the same MergeComp, the two levels against flat.
+TWO_LEVEL_PARTITIONS = ("one_two_level",)
 SEARCH_ON = ("training", "exchange")
 # The spec's "hierarchical", as MergeComp takes it, by the cluster's --hierarchical.
 HIERARCHICAL_CHOICES = {"auto": None, "true": True, "false": False}
@@ -194,10 +200,17 @@ def build_compression(config, hierarchical=None):
     partition = config["partition"]
     if partition not in MERGECOMP_PARTITIONS:
         raise ValueError("partition must be one of %s, got %r" % (MERGECOMP_PARTITIONS, partition))
-    params = dict(config.get("params", {}), hierarchical=hierarchical)
+    params = dict(config.get("params", {}))
+    params.setdefault("hierarchical", hierarchical)
+    if partition in TWO_LEVEL_PARTITIONS and params["hierarchical"] is not None:
+        raise ValueError("partition %r needs MergeComp(hierarchical=None), which lets a group "
+                         "take two levels, got hierarchical=%r" % (partition, params["hierarchical"]))
     if partition in FIXED_PARTITIONS:
-        return (MergeComp(config["algorithm"], partitions=FIXED_PARTITIONS[partition], seed=0,
-                          **params), None, "")
+        layout = fixed_layout(config)
+        mergecomp = MergeComp(config["algorithm"], partitions=layout.partitions, seed=0, **params)
+        if layout.group_codecs is not None:
+            layout.apply(mergecomp)
+        return mergecomp, None, ""
     params.update(SEARCHED_PARTITIONS[partition])
     mergecomp = MergeComp(config["algorithm"], partitions=None, seed=0, **params)
     return mergecomp, MergeCompCallback, ""
@@ -244,7 +257,7 @@ def _build_slot(slot, weights, gradients, spec, hvd, tf, owner=None):
             raise ValueError("only MergeComp's %s configs can share a MergeComp config's model"
                              % " and ".join(FIXED_PARTITIONS))
         slot.model, slot.compression, slot.mergecomp = owner.model, owner.mergecomp, owner.mergecomp
-        slot.partition = FIXED_PARTITIONS[partition]
+        slot.partition = fixed_layout(slot.config)
         slot.exchange = _make_exchange(slot.compression, gradients, tf)
         return
     compression, slot.search_callback_class, slot.result["note"] = build_compression(
@@ -294,22 +307,34 @@ def _warm_up_slot(slot, dataset, spec):
 
 
 class Layout:
-    """What a MergeComp trains with: its cuts, each group's codec, and whether it
-    steps aside for plain Horovod (what a search may choose beyond the cuts)."""
+    """What a MergeComp trains with: its partition (as ``set_partition`` takes it),
+    each group's codec, and whether it steps aside for plain Horovod (what a search
+    may choose beyond the cuts)."""
 
-    def __init__(self, splits, group_codecs=None, plain_horovod=False):
-        self.splits = list(splits) or 1
+    def __init__(self, partitions, group_codecs=None, plain_horovod=False):
+        self.partitions = partitions
         self.group_codecs = None if group_codecs is None else list(group_codecs)
         self.plain_horovod = plain_horovod
 
     @classmethod
     def of(cls, mergecomp):
-        return cls(mergecomp.splits or (), mergecomp.group_codecs, mergecomp.steps_aside)
+        return cls(list(mergecomp.splits or ()) or 1, mergecomp.group_codecs,
+                   mergecomp.steps_aside)
 
     def apply(self, mergecomp):
-        mergecomp.set_partition(self.splits, group_codecs=self.group_codecs)
+        mergecomp.set_partition(self.partitions, group_codecs=self.group_codecs)
         if self.plain_horovod:
             mergecomp.set_plain_horovod()
+
+
+def fixed_layout(config):
+    """The Layout of a config with a fixed partition (FIXED_PARTITIONS)."""
+    from tf_mergecomp.levels import TWO_LEVEL
+
+    partition = config["partition"]
+    if partition in TWO_LEVEL_PARTITIONS:
+        return Layout(FIXED_PARTITIONS[partition], [config["algorithm"] + TWO_LEVEL])
+    return Layout(FIXED_PARTITIONS[partition])
 
 
 def _activate(slot):
@@ -317,11 +342,7 @@ def _activate(slot):
     a model several configs share trains each with a train function of its own."""
     if slot.partition is None:
         return
-    partition = slot.partition
-    if isinstance(partition, Layout):
-        partition.apply(slot.mergecomp)
-    else:
-        slot.mergecomp.set_partition(partition)
+    slot.partition.apply(slot.mergecomp)
     if slot.train_function is None:  # traced at the next step
         slot.model.make_train_function(force=True)
         slot.train_function = slot.model.train_function

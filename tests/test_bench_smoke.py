@@ -419,7 +419,7 @@ def test_modes_choose_the_mergecomp_configs():
     assert [c.get("model_of") for c in mixed[1]] == ["topk searched", None, None, "topk searched"]
     assert mixed[1][-1]["repeat_of"] == "topk layerwise"
     for bad in (("searched", "fastest"), ("one", "one"), ()):
-        with pytest.raises(ValueError, match="layerwise, one, searched, searched_single"):
+        with pytest.raises(ValueError, match="layerwise, one, one_two_level, searched, searched_single"):
             cluster.check_modes(bad)
     args = build_parser().parse_args(["cluster", "--modes", "searched,searched_single"])
     assert args.modes == ["searched", "searched_single"]

@@ -176,3 +176,84 @@ def test_the_worker_gives_horovod_the_machines_process_sets(monkeypatch):
     one_per_machine = FakeHorovod()
     assert worker.init_horovod(one_per_machine, None) == []
     assert os.environ["HOROVOD_SIZE"] == "2"
+
+
+def test_one_group_on_two_levels_is_one_group_with_the_two_level_codec():
+    from tf_mergecomp.levels import TWO_LEVEL
+
+    assert worker.fixed_layout({"algorithm": "topk", "partition": "one"}).group_codecs is None
+    layout = worker.fixed_layout({"algorithm": "topk", "partition": "one_two_level"})
+    assert (layout.partitions, layout.group_codecs) == (1, ["topk" + TWO_LEVEL])
+    config = {"kind": "mergecomp", "algorithm": "efsignsgd", "partition": "one_two_level"}
+    mergecomp = worker.build_compression(config)[0]
+    assert mergecomp.hierarchical is None
+    mergecomp.set_gradient_layout([(10,), (20,)], ["float32"] * 2)
+    assert mergecomp.num_groups == 1
+    assert list(mergecomp.group_codecs) == ["efsignsgd" + TWO_LEVEL]
+    flat = worker.build_compression(dict(config, partition="one"))[0]
+    flat.set_gradient_layout([(10,), (20,)], ["float32"] * 2)
+    assert list(flat.group_codecs) == ["efsignsgd"]
+    for forced in (True, False):
+        with pytest.raises(ValueError, match="needs MergeComp\\(hierarchical=None\\)"):
+            worker.build_compression(config, forced)
+    # A config's own params set its level over the spec's.
+    assert worker.build_compression(dict(config, partition="one", params={"hierarchical": False}),
+                                    None)[0].hierarchical is False
+
+
+def test_cluster_mode_one_two_level_needs_machines_of_ranks_auto_and_shardable_codecs():
+    def args_of(*extra):
+        return build_parser().parse_args(["cluster", "--modes", "one,one_two_level",
+                                          "--algorithms", "efsignsgd,topk"] + list(extra))
+
+    args = args_of("--ranks-per-machine", "2")
+    assert cluster.check_args(args) is args
+    for extra, message in ((("--ranks-per-machine", "1"), "ranks-per-machine 2 or more"),
+                           (("--ranks-per-machine", "2", "--hierarchical", "false"),
+                            "needs --hierarchical auto"),
+                           (("--ranks-per-machine", "2", "--algorithms", "efsignsgd,powersgd"),
+                            "powersgd reduces its groups itself")):
+        with pytest.raises(ValueError, match=message):
+            cluster.check_args(args_of(*extra))
+    batches = cluster.plan_batches(["topk"], ("one", "one_two_level", "searched"))
+    topk = next(b for b in batches if b[0].get("algorithm") == "topk")
+    # Both fixed partitions train the searched config's model with its MergeComp.
+    assert {c["label"]: c.get("model_of") for c in topk if "repeat" not in c["label"]} == {
+        "topk one": "topk searched", "topk one_two_level": "topk searched", "topk searched": None}
+
+
+def test_cluster_targets_give_two_levels_against_flat():
+    def row(partition, turn_s):
+        return {"label": "efsignsgd " + partition, "images_per_s": 128 / turn_s,
+                "turn_step_s": [turn_s * f for f in (1.0, 1.02, 0.98, 1.01)],
+                "config": {"kind": "mergecomp", "algorithm": "efsignsgd", "partition": partition}}
+
+    group = {"model": "mobilenet_v2", "workers": 2, "ranks_per_machine": 2,
+             "rows": [row("one", 0.5), row("one_two_level", 0.4), row("searched", 0.4)]}
+    line = next(l for l in cluster.target_lines(group, None) if l.startswith("efsignsgd"))
+    assert "one group, two levels / flat: 1.25x, +-" in line, line
+
+
+def test_parity_on_two_machines_compares_two_levels_with_flat():
+    from benchmarks import parity
+
+    assert parity.machines_hosts(2, 1) is None
+    assert parity.machines_hosts(4, 2) == "localhost:2,127.0.0.1:2"
+    with pytest.raises(ValueError, match="--np must be 2N"):
+        parity.machines_hosts(3, 2)
+    labels = [c["label"] for c in parity.plan_configs(["topk", "powersgd"], ranks_per_machine=2)]
+    assert labels == ["horovod fp32", "topk one", "topk one_two_level", "powersgd one"]
+    results = [{"label": "horovod fp32", "config": {"kind": "horovod"}, "ok": True,
+                "accuracy": 0.9, "ranks_identical": True}]
+    for label, accuracy in (("topk one", 0.95), ("topk one_two_level", 0.94),
+                            ("powersgd one", 0.93)):
+        algorithm, partition = label.split()
+        results.append({"label": label, "ok": True, "accuracy": accuracy, "ranks_identical": True,
+                        "config": {"kind": "mergecomp", "algorithm": algorithm,
+                                   "partition": partition}})
+    text = parity.two_level_table({"size": 4, "machines": 2, "results": results}, epochs=8)
+    assert "4 workers (2 machines x 2 ranks)" in text
+    assert "| topk | 0.950 | 0.940 | -1.0 (missed) |" in text, text
+    assert "| powersgd | 0.930 | - | - | no two-level reduce |" in text, text
+    assert "0 of 1 codecs compared" in text
+    assert parity.two_level_verdict({"accuracy": 0.948}, {"accuracy": 0.95})[1] == "met"
