@@ -1,7 +1,7 @@
 """Keras 3 against Keras 2: the same keras.applications model and codec, images/s in one run.
 
     horovodrun -np 2 --gloo python -m benchmarks.keras_versions \
-        [--model mobilenet_v2|small_cnn|small_cnn_bn|...] [--codec efsignsgd] \
+        [--model mobilenet_v2|vgg16|small_cnn|small_cnn_bn|...] [--codec efsignsgd] \
         [--rounds 4] [--steps 10] [--no-controls] [--out FILE]
 
 One process per rank holds both Keras: Keras 2 (``tf_keras``, with
@@ -32,7 +32,7 @@ import time
 
 
 APPLICATIONS = {"mobilenet_v2": "MobileNetV2", "resnet50": "ResNet50",
-                "densenet121": "DenseNet121"}
+                "densenet121": "DenseNet121", "vgg16": "VGG16"}  # VGG16: no BatchNormalization
 # Four conv blocks and two dense layers, the same in both Keras, with and without
 # BatchNormalization: tells whether a gap between the Keras follows that layer (Keras 3
 # computes it from separate moment ops, Keras 2 with TensorFlow's fused kernel).

@@ -442,6 +442,7 @@ class _ProbeSource:
         self.seed = mergecomp.seed
         self.plain_groups = mergecomp.plain_groups
         self.hierarchical = mergecomp.hierarchical
+        self.machine_dtype = mergecomp.machine_dtype
         self.tensor_shapes = shapes
         self.tensor_dtypes = dtypes
 

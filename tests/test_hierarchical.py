@@ -118,6 +118,29 @@ def test_two_by_two_matches_the_flat_average(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_float16_inside_the_machine(two_by_two):
+    for codec in ("none", "efsignsgd"):
+        ranks = two_by_two[codec + "_machine_float16"]
+        assert len(ranks) == 4 and len({r["checksum"] for r in ranks}) == 1, codec
+        assert all(r["in_float16"] for r in ranks), codec
+        assert ranks[0]["describe"]["machine_dtype"] == "float16"
+    # The float32 reduce's values are not all float16's; float16's are near the average.
+    assert not any(r["in_float16"] for r in two_by_two["none"])
+    assert 1e-6 < max(r["max_error"] for r in two_by_two["none_machine_float16"]) < 5e-3
+
+
+def test_machine_dtype_is_checked_at_construction():
+    assert MergeComp("efsignsgd").machine_dtype == "float32"
+    assert "machine_dtype" not in MergeComp("efsignsgd", hierarchical=True).describe()
+    half = MergeComp("efsignsgd", hierarchical=True, machine_dtype="float16")
+    assert half.describe()["machine_dtype"] == "float16"
+    with pytest.raises(ValueError, match="machine_dtype must be one of float32, float16"):
+        MergeComp("efsignsgd", hierarchical=True, machine_dtype="bfloat16")
+    with pytest.raises(ValueError, match="hierarchical=False has none"):
+        MergeComp("efsignsgd", hierarchical=False, machine_dtype="float16")
+
+
+@pytest.mark.multiworker
 def test_two_by_two_search_probe_times_two_level_groups(two_by_two):
     for r in two_by_two["probe"]:
         assert r["two_level"] and r["shape"] == [2, 2, 3] and r["finite"], r

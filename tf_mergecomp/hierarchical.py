@@ -5,6 +5,10 @@ A cluster of M machines with L ranks each (Horovod's ``local_size()`` L and
 
 1. Inside the machine, the group is reduce-scattered (averaged, uncompressed) over the L
    ranks of the machine: local rank l receives shard l of the machine's average.
+   ``machine_dtype``: the collectives inside the machine (this one and step 3's) carry
+   float32 (the default: exact) or float16 (half the bytes on the machine's links, the
+   rounding and range of Horovod's fp16 compression; a value beyond float16's range
+   arrives as inf, which the step's non-finite handling sees).
 2. Across machines, shard l is compressed with the group's codec and exchanged among the
    M ranks of local rank l (one per machine), with the codec's own collective (an
    allreduce for dense codecs, an allgather of payloads for sign, QSGD, top-k, DGC...):
@@ -45,6 +49,7 @@ import os
 import tensorflow as tf
 
 CHOICES = (True, False, None)
+MACHINE_DTYPES = ("float32", "float16")
 
 
 def check_choice(hierarchical):
@@ -54,6 +59,18 @@ def check_choice(hierarchical):
                          "compressed across all ranks) or None (flat until a search chooses), "
                          "got %r" % (hierarchical,))
     return hierarchical
+
+
+def check_machine_dtype(machine_dtype, hierarchical):
+    if machine_dtype not in MACHINE_DTYPES:
+        raise ValueError("machine_dtype must be one of %s (what the two-level reduce's "
+                         "collectives inside a machine carry), got %r"
+                         % (", ".join(MACHINE_DTYPES), machine_dtype))
+    if machine_dtype != "float32" and hierarchical is False:
+        raise ValueError("machine_dtype=%r applies to groups on two levels, and "
+                         "hierarchical=False has none: use hierarchical=True or None"
+                         % machine_dtype)
+    return machine_dtype
 
 
 class MachineLayout:
@@ -188,10 +205,11 @@ class TwoLevelReduce:
     """The two-level reduce of groups, for one trace: ``machine`` and ``cross`` are
     ``HorovodCommunicator``s on this machine's set and on this local rank's set."""
 
-    def __init__(self, layout, machine, cross):
+    def __init__(self, layout, machine, cross, machine_dtype="float32"):
         self.layout = layout
         self.machine = machine
         self.cross = cross
+        self.machine_dtype = tf.as_dtype(machine_dtype)
 
     def reduce_group(self, grads, key, reduce_shard, wrap=None):
         """The group's average over all ranks and its per-tensor non-finite flags.
@@ -212,13 +230,16 @@ class TwoLevelReduce:
             rows.append(tf.reshape(padded, [ranks, piece]))
         # Row l holds piece l of every tensor: shard l is contiguous for the reduce-scatter.
         by_shard = tf.reshape(tf.concat(rows, 1) if len(rows) > 1 else rows[0], [-1])
-        shard = tf.reshape(machine.reducescatter_mean(by_shard, key + ("scatter",)),
-                           [sum(pieces)])
+        within = self.machine_dtype
+        shard = machine.reducescatter_mean(tf.cast(by_shard, within), key + ("scatter",))
+        shard = tf.reshape(tf.cast(shard, tf.float32), [sum(pieces)])
         shard_pieces = tf.split(shard, pieces) if len(pieces) > 1 else [shard]
         decoded, _ = reduce_shard(shard_pieces, cross)
         decoded = [tf.reshape(tf.cast(d, tf.float32), [-1]) for d in decoded]
         joined = tf.concat(decoded, 0) if len(decoded) > 1 else decoded[0]
-        gathered = tf.reshape(machine.allgather(joined, key + ("gather",)), [ranks, -1])
+        # Every rank, this shard's own included, takes the gathered values: identical.
+        gathered = machine.allgather(tf.cast(joined, within), key + ("gather",))
+        gathered = tf.reshape(tf.cast(gathered, tf.float32), [ranks, -1])
         columns = tf.split(gathered, pieces, axis=1) if len(pieces) > 1 else [gathered]
         outputs, flags = [], []
         for grad, column in zip(grads, columns):

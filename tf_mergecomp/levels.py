@@ -37,8 +37,9 @@ class TwoLevelGroups:
     and the pieces kept beside the flat state (``_piece_shards``, ``_piece_state``) with
     ``hierarchical=None``; state_variables.py creates both."""
 
-    def _init_levels(self, hierarchical_choice):
+    def _init_levels(self, hierarchical_choice, machine_dtype="float32"):
         self.hierarchical = hierarchical.check_choice(hierarchical_choice)
+        self.machine_dtype = hierarchical.check_machine_dtype(machine_dtype, hierarchical_choice)
         if hierarchical_choice and not self.shardable:
             raise ValueError(
                 "hierarchical=True is not available for %r: it reduces its groups itself with "
@@ -87,18 +88,22 @@ class TwoLevelGroups:
         ``hierarchical=None`` (the description of before the setting existed)."""
         if self.hierarchical is None and not self._asks_two_levels():
             return {}
+        return self._level_description()
+
+    def _level_description(self):
         layout = self._machine_layout
-        return {"hierarchical": self.hierarchical,
-                "machines": None if layout is None else layout.describe()}
+        description = {"hierarchical": self.hierarchical,
+                       "machines": None if layout is None else layout.describe()}
+        if self.machine_dtype != "float32":  # descriptions of before the setting unchanged
+            description["machine_dtype"] = self.machine_dtype
+        return description
 
     def level_identity(self):
         """What a saved search result depends on besides the model and the codec: the
         setting and the machines, where groups may take two levels ({} otherwise)."""
         if self.hierarchical is None and self._piece_shards < 2:
             return {}
-        layout = self._machine_layout
-        return {"hierarchical": self.hierarchical,
-                "machines": None if layout is None else layout.describe()}
+        return self._level_description()
 
     def level_settings(self):
         """What the state's shape depends on, for ``settings_fingerprint``."""
@@ -151,7 +156,7 @@ class TwoLevelGroups:
                                       name_prefix="mergecomp.machine%d" % layout.machine)
         cross = HorovodCommunicator(self._level_sets[2], counter=counter,
                                     name_prefix="mergecomp.cross%d" % layout.local_rank)
-        self._two_level = hierarchical.TwoLevelReduce(layout, machine, cross)
+        self._two_level = hierarchical.TwoLevelReduce(layout, machine, cross, self.machine_dtype)
 
     def _forget_levels(self):
         """After an elastic reset: Horovod's process sets are gone with its old world."""

@@ -64,15 +64,16 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         its accumulation and momentum) with its first plain step; one that
         switches back starts from a zero state. False: every group uses the
         compressor (the behaviour before per-group codecs).
-      hierarchical: True: each group is averaged inside the machine, compressed by
-        shards across machines, gathered inside the machine; state kept per shard
-        (tf_mergecomp/hierarchical.py, process sets there). False: flat. None
-        (default): flat, unless the search sets a group two-level (levels.py).
+      hierarchical: True: each group is averaged inside the machine (in
+        ``machine_dtype``: "float32", or "float16"), compressed by shards across
+        machines, gathered inside the machine; state per shard (hierarchical.py).
+        False: flat. None (default): flat, unless the search sets a group two-level.
       **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
     """
 
     def __init__(self, compressor, memory=None, partitions=None, seed=0, nonfinite="propagate",
-                 plain_groups=True, hierarchical=None, name="mergecomp", **compressor_params):
+                 plain_groups=True, hierarchical=None, machine_dtype="float32", name="mergecomp",
+                 **compressor_params):
         super().__init__(name=name)
         self.compressor = compressors.get(compressor, **compressor_params)
         self.memory = memories.for_compressor(self.compressor, memory, compressor_params)
@@ -89,7 +90,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         if not isinstance(plain_groups, bool):
             raise ValueError("plain_groups must be True or False, got %r" % (plain_groups,))
         self.plain_groups = plain_groups
-        self._init_levels(hierarchical)
+        self._init_levels(hierarchical, machine_dtype)
         self._plain_codecs = {name: compressors.get(name) for name in PLAIN_CODECS
                               if name != self.compressor.name}
         self._partition_spec = grouping.check_partition_spec(partitions)

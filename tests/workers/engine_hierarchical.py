@@ -48,6 +48,10 @@ def reduce_once(mc):
     return [o.numpy() for o in out]
 
 
+def in_float16(outputs):
+    return all(bool(np.all(o.astype(np.float16).astype(np.float32) == o)) for o in outputs)
+
+
 def run_exact():
     expected = [np.mean([gradients_of(r)[i] for r in range(hvd.size())], axis=0, dtype=np.float64)
                 for i in range(len(SHAPES))]
@@ -74,7 +78,7 @@ def run_exact():
                    finite=bool(np.all(np.isfinite(times))),
                    collective_s=float(times[:, :, 1].min()))
         report(codec=codec, refused=refused, two_level=mc.two_level,
-               describe=mc.describe(),
+               describe=mc.describe(), in_float16=in_float16(out),
                collectives=int(mc.collectives_executed.numpy()) - before,
                max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))),
@@ -87,6 +91,14 @@ def run_exact():
     out = [o.numpy() for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
     report(codec="nonfinite", nan_tensors=[bool(np.all(np.isnan(o))) for o in out],
            any_nan=[bool(np.any(np.isnan(o))) for o in out], step=int(mc.step.numpy()))
+    # float16 inside the machine: every value ends as the float16 the allgather carried.
+    for codec in ("none", "efsignsgd"):
+        mc = MergeComp(codec, partitions=2, hierarchical=True, machine_dtype="float16")
+        out = reduce_once(mc)
+        report(codec=codec + "_machine_float16", describe=mc.describe(),
+               in_float16=in_float16(out),
+               max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
+               checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))))
 
 
 def train(mc, steps, model=None, optimizer=None):

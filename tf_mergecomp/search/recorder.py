@@ -319,7 +319,8 @@ class ExchangeProbe:
         # holds it in variables), so the probe may share them.
         self.mergecomp = MergeComp(compression.compressor, memory=compression.memory,
                                    seed=compression.seed, plain_groups=compression.plain_groups,
-                                   hierarchical=compression.hierarchical, name="mergecomp_probe")
+                                   hierarchical=compression.hierarchical,
+                                   machine_dtype=compression.machine_dtype, name="mergecomp_probe")
         generator = tf.random.Generator.from_seed(seed)
         # The engine reverses the list it is given (Keras passes the forward
         # order): reverse it here so that the probe's tensor i is the real one.
