@@ -222,22 +222,28 @@ class _FakeHorovod:
     (_FakeHorovod(), {"HOROVOD_TIMELINE": "/tmp/t.json"}, "timeline"),
     (_FakeHorovod(), {"HOROVOD_AUTOTUNE": "1"}, "autotunes"),
     (_FakeHorovod(), {"HOROVOD_CACHE_CAPACITY": "0"}, "cache is off"),
-    (_FakeHorovod(), {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, "process sets"),
 ])
 def test_horovod_is_restarted_only_where_the_restart_rebuilds_everything(fake, env, reason,
                                                                          monkeypatch):
     from tf_mergecomp.search import restart as horovod_restart
 
-    monkeypatch.setattr(horovod_restart, "_process_set_count", lambda: 1)
+    monkeypatch.setattr(horovod_restart, "_process_sets", lambda: {})
     launch = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_CACHE_CAPACITY": "1024"}
     assert horovod_restart.restart_blocker(_FakeHorovod(), launch) is None
     launch.update(env)
     launch = {k: v for k, v in launch.items() if v is not None}
     assert reason in horovod_restart.restart_blocker(fake, launch)
+    plain = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"}
+    # Process sets numbered 1 to n are made again under their ids (2 x 2 machines' sets).
+    machines = {1: [0, 1], 2: [2, 3], 3: [0, 2], 4: [1, 3]}
+    monkeypatch.setattr(horovod_restart, "_process_sets", lambda: machines)
+    assert horovod_restart.restart_blocker(_FakeHorovod(), plain) is None
+    # A removed set leaves a gap that a restart would close: no restart.
+    monkeypatch.setattr(horovod_restart, "_process_sets", lambda: {1: [0, 1], 3: [0, 2]})
+    assert "ids [1, 3]" in horovod_restart.restart_blocker(_FakeHorovod(), plain)
     # Unknown process sets (Horovod lists them only privately): no restart.
-    monkeypatch.setattr(horovod_restart, "_process_set_count", lambda: -1)
-    assert "process sets" in horovod_restart.restart_blocker(_FakeHorovod(), {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1"})
+    monkeypatch.setattr(horovod_restart, "_process_sets", lambda: None)
+    assert "process sets" in horovod_restart.restart_blocker(_FakeHorovod(), plain)
 
 
 def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():

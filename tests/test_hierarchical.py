@@ -208,8 +208,13 @@ def test_two_by_two_with_process_sets_registered_at_init():
                                 hosts=TWO_BY_TWO, env={"HOROVOD_DYNAMIC_PROCESS_SETS": None},
                                 timeout=240)
     for rank in range(4):
-        (r,) = results[rank]
+        r, restarted = results[rank]
         assert r["two_level"] and r["dynamic"] is None and r["max_error"] < 1e-6, r
+        # Horovod restarted with the machines' sets under their ids; the reduce still exact.
+        assert restarted["blocker"] is None, restarted
+        assert restarted["sets_after"] == restarted["sets_before"]
+        assert len(restarted["sets_before"]) == 4  # 2 machines + 2 local ranks across
+        assert restarted["max_error"] < 1e-6, restarted
 
 
 @pytest.mark.multiworker
@@ -241,8 +246,11 @@ def test_the_search_chooses_a_level_per_group_on_two_by_two(tmp_path):
     ends = [results[rank][-1] for rank in range(4)]
     assert len({r["checksum"] for r in ends}) == 1  # weights identical on all 4
     assert len({json.dumps(r["group_codecs"]) for r in ends}) == 1
+    # Horovod restarted between candidates, its dynamic process sets made again.
+    assert "restarting Horovod at each switch of candidate" in output
     for r in ends:
         assert r["done"] and r["cost"]["traces"] <= 6, r["cost"]
+        assert r["cost"]["horovod_restarts"] > 0, r["cost"]
         allowed = {"efsignsgd", "none", "efsignsgd/two-level", "none/two-level"}
         assert r["steps_aside"] or set(r["group_codecs"]) <= allowed, r
     assert "alone with efsignsgd/two-level" in output

@@ -211,6 +211,18 @@ def run_registered():
     report(codec="registered", two_level=mc.two_level,
            dynamic=os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS"),
            max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)))
+    # A restart (as the search does between candidates) makes the sets again, same ids:
+    # the same MergeComp and its traced reduce keep working.
+    from tf_mergecomp.search import restart
+
+    before = restart._process_sets()
+    blocker = restart.restart_blocker()
+    problem = restart.restart_horovod() if blocker is None else blocker
+    reduce = mc.make_reduce_fn()
+    out = [o.numpy() for o in reduce([tf.constant(g) for g in gradients_of(hvd.rank())])]
+    report(codec="restarted", blocker=problem, sets_before=before,
+           sets_after=restart._process_sets(),
+           max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)))
 
 
 if mode == "registered":

@@ -26,9 +26,10 @@ def restart_blocker(hvd=None, environ=None):
     between the same two steps with no collective pending, and the re-init
     rebuilds everything the first init made: one Gloo-controlled world started
     by ``horovodrun`` (MPI cannot be initialized twice), no elastic driver
-    (it owns resets), no process set besides the global one (their ids would
-    be lost), no timeline (it would be truncated), no autotuning (it would
-    start over) and a response cache to empty. The answer depends only on the
+    (it owns resets), process sets that can be made again under the same ids
+    (``restart_horovod`` does: ids 1 to n, none removed), no timeline (it would
+    be truncated), no autotuning (it would start over) and a response cache to
+    empty. The answer depends only on the
     launch, which is the same on every rank; ask while Horovod runs on every
     rank (before any restart).
     """
@@ -51,21 +52,50 @@ def restart_blocker(hvd=None, environ=None):
             return why + " (%s)" % variable
     if environ.get("HOROVOD_CACHE_CAPACITY", "1024").strip() == "0":
         return "the response cache is off (HOROVOD_CACHE_CAPACITY=0)"
-    if environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0") \
-            or _process_set_count() != 1:
-        return "process sets besides the global one"
+    process_sets = _process_sets()
+    if process_sets is None:
+        return "process sets that Horovod does not list"
+    if sorted(process_sets) != list(range(1, len(process_sets) + 1)):
+        return ("process sets of which some were removed (ids %s): a restart would number "
+                "them afresh" % sorted(process_sets))
     return None
 
 
-def _process_set_count():
-    # Horovod has no public listing of process sets; without this one, assume
-    # there may be others.
+def _process_sets():
+    """{id: ranks} of the process sets besides the global one, or None where Horovod
+    does not say (it lists them only privately: then assume they cannot be made again)."""
     try:
         from horovod.common import process_sets
 
-        return len(process_sets._basics._get_process_set_ids_and_ranks())
+        listed = process_sets._basics._get_process_set_ids_and_ranks()
     except Exception:  # noqa: BLE001 (any failure means: do not restart)
-        return -1
+        return None
+    return {int(i): sorted(int(r) for r in ranks) for i, ranks in listed.items() if int(i) != 0}
+
+
+def _dynamic_process_sets(environ=None):
+    environ = os.environ if environ is None else environ
+    return environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0")
+
+
+def _init_with_process_sets(hvd, process_sets):
+    """``hvd.init`` that makes ``process_sets`` ({id: ranks}, ids 1 to n) again under the
+    same ids, so that every ProcessSet object held before (MergeComp's two-level reduce
+    holds some) stays valid: registered at init, or added in id order where dynamic
+    process sets are on (each id is then the next free one)."""
+    from horovod.common.process_sets import ProcessSet
+
+    ordered = [process_sets[i] for i in sorted(process_sets)]
+    if _dynamic_process_sets():
+        hvd.init()
+        for ranks in ordered:
+            hvd.add_process_set(ranks)
+    else:
+        hvd.init(process_sets=[ProcessSet(ranks) for ranks in ordered])
+    if _process_sets() != process_sets:
+        raise RuntimeError("Horovod restarted with process sets %s, not %s as before: the "
+                           "ProcessSet objects held would name the wrong ranks"
+                           % (_process_sets(), process_sets))
 
 
 def restart_horovod():
@@ -83,8 +113,9 @@ def restart_horovod():
     problem = clear_rendezvous(hvd)
     if problem is not None:
         return problem
+    process_sets = _process_sets()
     hvd.shutdown()
-    hvd.init()
+    _init_with_process_sets(hvd, process_sets)
     return None
 
 
