@@ -29,9 +29,8 @@ def restart_blocker(hvd=None, environ=None):
     (it owns resets), process sets that can be made again under the same ids
     (``restart_horovod`` does: ids 1 to n, none removed), no timeline (it would
     be truncated), no autotuning (it would start over) and a response cache to
-    empty. The answer depends only on the
-    launch, which is the same on every rank; ask while Horovod runs on every
-    rank (before any restart).
+    empty. The answer depends on the launch and the process sets, the same on
+    every rank; ask while Horovod runs on every rank (before any restart).
     """
     if hvd is None:
         import horovod.tensorflow as hvd
