@@ -389,6 +389,9 @@ def _summarize_config(label, results, model, workers, batch_size):
     if all(r.get("exchange_times_s") for r in results):
         row["exchange_s"] = report.median(
             [max(calls) for calls in zip(*(r["exchange_times_s"] for r in results))])
+    checksums = [r.get("weights_checksum") for r in results]
+    if all(c is not None for c in checksums):  # runs before the checksum have none
+        row["ranks_identical"] = len(set(checksums)) == 1
     row["note"] = results[0].get("note", "")
     if "search_candidates" in row:
         row["note"] = search_note(results[0], row)
@@ -643,6 +646,7 @@ def _batches_text(group):
     restarts = (" Horovod was restarted before each config's turn (%d restarts per rank, the "
                 "searches' own not counted)." % group["horovod_restarts"]
                 if group.get("horovod_restarts") else "")
+    restarts += _identical_text(rows, total_ranks(group))
     if group.get("isolate"):
         return ("Configs run one per batch (--isolate), each in fresh rank processes, in %s "
                 "rounds (%d measured steps per config); \"batch noise\" is the spread between "
@@ -656,6 +660,16 @@ def _batches_text(group):
             "Peak RSS of a rank: %s MB (largest batch).%s" % (
                 len({r.get("batch") for r in rows}), group.get("rounds", "-"), steps,
                 report.fmt(max(peaks)) if peaks else "-", restarts))
+
+
+def _identical_text(rows, ranks):
+    """Whether every config's model ended with the same weights on all ranks."""
+    checked = [r for r in rows if "ranks_identical" in r]
+    if not checked:
+        return ""
+    differing = [r["label"] for r in checked if not r["ranks_identical"]]
+    return (" Weights after the last round identical on all %d ranks: %s." % (
+        ranks, "every config" if not differing else "NO, they differ in " + ", ".join(differing)))
 
 
 def _ranks_per_machine_text(group):

@@ -661,8 +661,18 @@ def main(argv=None):
     slots = set_up_slots(spec, weights, gradients, dataset, output, write, hvd, hvd_tf, tf)
     output["peak_rss_after_setup_mb"] = peak_rss_mb()
     time_in_rounds(slots, dataset, spec, output, write, hvd_tf, tf)
+    for slot in slots:  # the summary compares them across the ranks
+        slot.result["weights_checksum"] = weights_checksum(slot.model)
     write()
     return 0
+
+
+def weights_checksum(model):
+    """The sum of the weights' absolute values, in float64: equal on ranks that hold the
+    same weights (a model the configs of a batch share gives each of them its final sum)."""
+    import numpy as np
+
+    return float(sum(np.abs(np.asarray(w, dtype=np.float64)).sum() for w in model.get_weights()))
 
 
 if __name__ == "__main__":

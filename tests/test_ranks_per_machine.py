@@ -257,3 +257,30 @@ def test_parity_on_two_machines_compares_two_levels_with_flat():
     assert "| powersgd | 0.930 | - | - | no two-level reduce |" in text, text
     assert "0 of 1 codecs compared" in text
     assert parity.two_level_verdict({"accuracy": 0.948}, {"accuracy": 0.95})[1] == "met"
+
+
+def test_the_report_says_whether_every_rank_ended_with_the_same_weights():
+    def group_of(checksums):
+        ranks = []
+        for rank, checksum in enumerate(checksums):
+            result = {"label": "topk one", "ok": True, "step_times_s": [0.5, 0.5], "cpu_s": 1.0,
+                      "elapsed_s": 1.0, "first_steps_s": 1.0, "switch_steps_s": [0.5],
+                      "weights_checksum": checksum,
+                      "config": {"kind": "mergecomp", "algorithm": "topk", "partition": "one"}}
+            ranks.append({"rank": rank, "results": [result]})
+        group = {"model": "transformer", "workers": 2, "ranks_per_machine": 2, "batch_size": 32,
+                 "ranks": ranks}
+        return dict(group, rows=cluster.summarize(group))
+
+    same = group_of([12.5] * 4)
+    assert same["rows"][0]["ranks_identical"] is True
+    assert "identical on all 4 ranks: every config" in cluster._batches_text(same)
+    differing = group_of([12.5, 12.5, 12.5, 12.75])
+    assert "NO, they differ in topk one" in cluster._batches_text(differing)
+    assert "identical" not in cluster._batches_text(group_of([None] * 4))  # older runs
+
+    class Weights:
+        def get_weights(self):
+            return [[-1.5, 2.0], [[0.25]]]
+
+    assert worker.weights_checksum(Weights()) == 3.75
