@@ -646,7 +646,7 @@ def _batches_text(group):
     restarts = (" Horovod was restarted before each config's turn (%d restarts per rank, the "
                 "searches' own not counted)." % group["horovod_restarts"]
                 if group.get("horovod_restarts") else "")
-    restarts += _identical_text(rows, total_ranks(group))
+    restarts += _identical_text(rows, group)
     if group.get("isolate"):
         return ("Configs run one per batch (--isolate), each in fresh rank processes, in %s "
                 "rounds (%d measured steps per config); \"batch noise\" is the spread between "
@@ -662,14 +662,14 @@ def _batches_text(group):
                 report.fmt(max(peaks)) if peaks else "-", restarts))
 
 
-def _identical_text(rows, ranks):
+def _identical_text(rows, group):
     """Whether every config's model ended with the same weights on all ranks."""
     checked = [r for r in rows if "ranks_identical" in r]
     if not checked:
         return ""
     differing = [r["label"] for r in checked if not r["ranks_identical"]]
     return (" Weights after the last round identical on all %d ranks: %s." % (
-        ranks, "every config" if not differing else "NO, they differ in " + ", ".join(differing)))
+        total_ranks(group), "every config" if not differing else "NO, they differ in " + ", ".join(differing)))
 
 
 def _ranks_per_machine_text(group):
