@@ -167,13 +167,19 @@ def _layout_text(result, algorithm):
     return text + (" (%d plain)" % len(plain) if plain else "")
 
 
-def plain_groups_verdict(searched, single):
-    """The searched config's accuracy against the single-codec search's, in points:
-    (difference, "met"/"missed"), or None where either is missing."""
-    if searched.get("accuracy") is None or single.get("accuracy") is None:
+def accuracy_verdict(result, baseline, tolerance):
+    """``result``'s test accuracy against ``baseline``'s, in points: (difference,
+    "met" when no more than ``tolerance`` below, else "missed"), or None where either
+    is missing."""
+    if result.get("accuracy") is None or baseline.get("accuracy") is None:
         return None
-    points = 100 * (searched["accuracy"] - single["accuracy"])
-    return points, "met" if points >= -PLAIN_GROUPS_TOLERANCE else "missed"
+    points = 100 * (result["accuracy"] - baseline["accuracy"])
+    return points, "met" if points >= -tolerance else "missed"
+
+
+def plain_groups_verdict(searched, single):
+    """The searched config's accuracy against the single-codec search's."""
+    return accuracy_verdict(searched, single, PLAIN_GROUPS_TOLERANCE)
 
 
 def _algorithms_of(results):
@@ -203,12 +209,8 @@ def _header(output, epochs, seed):
 
 
 def two_level_verdict(two_level, flat):
-    """One group on two levels against one group flat, test accuracy in points:
-    (difference, "met"/"missed"), or None where either is missing."""
-    if two_level.get("accuracy") is None or flat.get("accuracy") is None:
-        return None
-    points = 100 * (two_level["accuracy"] - flat["accuracy"])
-    return points, "met" if points >= -TWO_LEVEL_TOLERANCE else "missed"
+    """One group on two levels against one group flat."""
+    return accuracy_verdict(two_level, flat, TWO_LEVEL_TOLERANCE)
 
 
 def two_level_table(output, epochs, seed=SEED):
