@@ -663,12 +663,12 @@ def _batches_text(group):
 
 
 def _identical_text(rows, group):
-    """Whether every config's model ended with the same weights on all ranks."""
+    """Whether every config's model ended with the same trainable weights on all ranks."""
     checked = [r for r in rows if "ranks_identical" in r]
     if not checked:
         return ""
     differing = [r["label"] for r in checked if not r["ranks_identical"]]
-    return (" Weights after the last round identical on all %d ranks: %s." % (
+    return (" Trainable weights after the last round identical on all %d ranks: %s." % (
         total_ranks(group), "every config" if not differing else "NO, they differ in " + ", ".join(differing)))
 
 

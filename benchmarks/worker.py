@@ -668,11 +668,14 @@ def main(argv=None):
 
 
 def weights_checksum(model):
-    """The sum of the weights' absolute values, in float64: equal on ranks that hold the
-    same weights (a model the configs of a batch share gives each of them its final sum)."""
+    """The sum of the trainable weights' absolute values, in float64: equal on ranks that
+    hold the same weights (a model the configs of a batch share gives each of them its
+    final sum). Not the other variables: BatchNormalization's moving statistics follow
+    each rank's own batches, in data-parallel training as Horovod does it."""
     import numpy as np
 
-    return float(sum(np.abs(np.asarray(w, dtype=np.float64)).sum() for w in model.get_weights()))
+    return float(sum(np.abs(np.asarray(w, dtype=np.float64)).sum()
+                     for w in model.trainable_weights))
 
 
 if __name__ == "__main__":

@@ -274,13 +274,15 @@ def test_the_report_says_whether_every_rank_ended_with_the_same_weights():
 
     same = group_of([12.5] * 4)
     assert same["rows"][0]["ranks_identical"] is True
-    assert "identical on all 4 ranks: every config" in cluster._batches_text(same)
+    assert "weights after the last round identical on all 4 ranks: every config" in cluster._batches_text(same)
     differing = group_of([12.5, 12.5, 12.5, 12.75])
     assert "NO, they differ in topk one" in cluster._batches_text(differing)
     assert "identical" not in cluster._batches_text(group_of([None] * 4))  # older runs
 
     class Weights:
-        def get_weights(self):
-            return [[-1.5, 2.0], [[0.25]]]
+        trainable_weights = [[-1.5, 2.0], [[0.25]]]
+
+        def get_weights(self):  # with moving statistics, which each rank keeps its own
+            return self.trainable_weights + [[7.0]]
 
     assert worker.weights_checksum(Weights()) == 3.75
