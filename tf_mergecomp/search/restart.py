@@ -109,10 +109,14 @@ def restart_horovod():
     """
     import horovod.tensorflow as hvd
 
+    # Listed before the rendezvous' collectives: once they return, a faster rank's
+    # shutdown may already have stopped Horovod here.
+    process_sets = _process_sets()
+    if process_sets is None:  # restart_blocker said they could be listed: the same everywhere
+        return "Horovod did not list its process sets"
     problem = clear_rendezvous(hvd)
     if problem is not None:
         return problem
-    process_sets = _process_sets()
     hvd.shutdown()
     _init_with_process_sets(hvd, process_sets)
     return None
