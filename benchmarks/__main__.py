@@ -1,6 +1,7 @@
 """python -m benchmarks {ops,exchange,cluster,parity,profile,simulate,validate,restart} [options]; see --help of each."""
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -374,6 +375,24 @@ def _check_out(argv, command):
     return None if known.out is None else outputs.check_folder(known.out)
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced():
+    """Standard error (file descriptor 2) goes to /dev/null inside: a command's option
+    builders import TensorFlow (the defaults name the codecs), whose C++ start-up lines
+    (oneDNN, CPU features, CUDA; TF_CPP_MIN_LOG_LEVEL does not reach them) would
+    otherwise come before the usage that --help prints."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command(argv)
@@ -384,7 +403,12 @@ def main(argv=None):
     except ValueError as error:
         print("error: %s" % error, file=sys.stderr)
         return 2
-    args = build_parser(command).parse_args(argv)
+    if "-h" in argv or "--help" in argv:
+        with _native_stderr_silenced():
+            parser = build_parser(command)
+    else:
+        parser = build_parser(command)
+    args = parser.parse_args(argv)
     if out is not None:
         args.out = out
     if args.command == "ops":

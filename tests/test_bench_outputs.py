@@ -35,6 +35,18 @@ def test_help_imports_no_tensorflow(module):
     assert done.stdout.strip().endswith("status 0 False"), done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("command", ["ops", "cluster"])
+def test_a_commands_help_prints_no_tensorflow_start_up_lines(command):
+    # A command's options name the codecs (imported with TensorFlow): its start-up lines,
+    # which TF_CPP_MIN_LOG_LEVEL does not reach, are kept out of the help.
+    done, _ = _main("benchmarks.__main__", [command, "--help"])
+    assert "usage: python -m benchmarks %s" % command in done.stdout
+    assert done.stdout.strip().endswith("status 0 True"), done.stdout + done.stderr
+    for start_up_line in ("oneDNN", "To enable the following instructions",
+                          "Could not find cuda drivers", "absl::InitializeLog"):
+        assert start_up_line not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("command", [["profile", "--model", "resnet50"], ["cluster"],
                                      ["simulate", "--profile", "p.json"], ["parity"],
                                      ["restart"], ["exchange"]])
