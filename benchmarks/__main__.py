@@ -403,10 +403,8 @@ def main(argv=None):
     except ValueError as error:
         print("error: %s" % error, file=sys.stderr)
         return 2
-    if "-h" in argv or "--help" in argv:
-        with _native_stderr_silenced():
-            parser = build_parser(command)
-    else:
+    asks_help = "-h" in argv or "--help" in argv
+    with _native_stderr_silenced() if asks_help else contextlib.nullcontext():
         parser = build_parser(command)
     args = parser.parse_args(argv)
     if out is not None:
