@@ -250,6 +250,13 @@ class MachineSimulation:
             return tuple(two)
         return tuple([name, name + TWO_LEVEL] + [v for c in plain for v in (c, c + TWO_LEVEL)])
 
+    def fusion(self, variants, machines):
+        """The search's ``fusion`` option as the library's driver sets it: Horovod's
+        cycle and fusion buffer where a group may go two-level, else None."""
+        if machines.two_level and any(_split(v)[1] for v in variants):
+            return self.simulation.cycle_s, self.simulation.fusion_bytes
+        return None
+
     def search(self, variants, machines, plain_horovod_s):
         """(layout, seconds, group codecs or None, requests) of the search with
         per-group ``variants`` and the plain-Horovod sentinel, answered from the model."""
@@ -284,7 +291,7 @@ class MachineSimulation:
             s.sizes.tolist(), profile, probe, step_time, max_groups=simulate.SEARCH_MAX_GROUPS,
             codec_on_compute=s.codec_on_compute,
             decodes_after_backprop=s.decodes_after_backprop, codecs=tuple(variants),
-            plain_horovod=True)
+            plain_horovod=True, fusion=self.fusion(variants, machines))
         return (result.splits, step_time(result.splits, result.group_codecs),
                 result.group_codecs, result.requests)
 

@@ -4,37 +4,30 @@ Cost functions for the step-time model (``tf_mergecomp.search.step_model``):
 ``NetworkCosts`` (ring allreduce and allgather with their latency terms),
 ``WireBytes`` (a codec's bytes on the wire per group), ``NetworkGroupCosts``
 (a codec's measured parts plus W workers' network), ``FusedGroupCosts``
-(Horovod's fused per-tensor allreduces, laid out by ``horovod_fusion_layout``)
+(Horovod's fused per-tensor allreduces, laid out by ``tf_mergecomp.grouping.fusion_splits``)
 and ``SerializedExchange`` (any of them on the compute stream). Only the
 simulator (benchmarks/simulate.py) and the profiles use them; the partition
 search itself predicts from measurements alone.
 """
 
-import os
 
 import numpy as np
 
 from tf_mergecomp.compressors.base import ALLGATHER, ALLREDUCE
+from tf_mergecomp.search import settings as search_settings
 
 
 COLLECTIVE_KINDS = (ALLREDUCE, ALLGATHER)
-HOROVOD_FUSION_BYTES = 64 * 2**20  # HOROVOD_FUSION_THRESHOLD's default
-HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME's default (1 ms)
+# The paper profile's fusion buffer (Horovod's default before 0.21; a measured
+# profile records the job's, tf_mergecomp/search/settings.py).
+HOROVOD_FUSION_BYTES = 64 * 2**20
+HOROVOD_CYCLE_S = search_settings.HOROVOD_CYCLE_S
 
 
 def horovod_cycle_s(environ=None):
     """Horovod's cycle in seconds as the processes started from ``environ`` (default:
     this one's) will run it: HOROVOD_CYCLE_TIME (milliseconds) if set, else the default."""
-    value = (os.environ if environ is None else environ).get("HOROVOD_CYCLE_TIME")
-    if value in (None, ""):
-        return HOROVOD_CYCLE_S
-    try:
-        milliseconds = float(value)
-    except ValueError:
-        raise ValueError("HOROVOD_CYCLE_TIME must be milliseconds, got %r" % value) from None
-    if not milliseconds > 0:
-        raise ValueError("HOROVOD_CYCLE_TIME must be positive milliseconds, got %r" % value)
-    return milliseconds / 1e3
+    return search_settings.horovod_fusion(environ)[0]
 
 
 def check_collective(kind):
@@ -230,33 +223,8 @@ class SerializedExchange:
         return encode + collective, np.zeros_like(collective), decode
 
 
-def horovod_fusion_layout(ready, nbytes, cycle_s=HOROVOD_CYCLE_S,
-                          fusion_bytes=HOROVOD_FUSION_BYTES, phase_s=0.0):
-    """The groups Horovod's tensor fusion makes of per-tensor collectives, as a layout.
-
-    Horovod's background thread takes up, every ``cycle_s``, the tensors that
-    became ready since its last pass (in backprop order here, since ready
-    times are non-decreasing) and fuses them into buffers of at most
-    ``fusion_bytes``, one collective each; its ticks fall at ``k * cycle_s -
-    phase_s`` from the step's start (``StepTimeModel.cycle_phase``). Returns
-    the layout's cuts; run it in a StepTimeModel with the same ``cycle_s`` for
-    the passes' waits.
-    """
-    ready = np.maximum.accumulate(np.maximum(np.asarray(ready, dtype=np.float64), 0.0))
-    nbytes = np.asarray(nbytes, dtype=np.float64)
-    ticks = np.ceil((ready + phase_s) / cycle_s - 1e-9) if cycle_s > 0 else ready
-    splits = []
-    group_bytes = 0.0
-    for i in range(len(ready)):
-        if i and (ticks[i] != ticks[i - 1] or group_bytes + nbytes[i] > fusion_bytes):
-            splits.append(i)
-            group_bytes = 0.0
-        group_bytes += nbytes[i]
-    return tuple(splits)
-
-
 class FusedGroupCosts:
-    """Costs of groups fused by Horovod (``horovod_fusion_layout``): per group,
+    """Costs of groups fused by Horovod (``tf_mergecomp.grouping.fusion_splits``): per group,
     the per-tensor codec costs summed (Horovod casts tensor by tensor), and
     one collective of the group's bytes (``probe_workers`` and ``probe_link``
     as in NetworkGroupCosts)."""

@@ -517,7 +517,9 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
     measured = _average(outputs)
     import tensorflow as tf
 
-    from benchmarks.network_model import HOROVOD_FUSION_BYTES, horovod_cycle_s
+    from tf_mergecomp.search.settings import horovod_fusion
+
+    cycle_s, fusion_bytes = horovod_fusion()
 
     host = socket.gethostname()
     profile = {
@@ -531,7 +533,7 @@ def record(model_name, codecs=DEFAULT_CODECS, quick=False, processes=1, batch_si
                  "processes": processes, "pin_cores": pin_cores, "rank_cores": rank_cores,
                  "load_average": list(os.getloadavg())},
         "placement": {"codec_on_compute": True, "decodes_after_backprop": True},
-        "horovod": {"cycle_time_s": horovod_cycle_s(), "fusion_buffer_bytes": HOROVOD_FUSION_BYTES,
+        "horovod": {"cycle_time_s": cycle_s, "fusion_buffer_bytes": fusion_bytes,
                     "fp32": "none", "fp16": "fp16", "probe_waits_cycle": True,
                     "probe_workers": processes},
         "probe_link": loopback,

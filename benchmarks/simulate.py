@@ -15,7 +15,7 @@ reads W rows), then the optimizer update (the profile's tail). Configs:
 
 - ``horovod fp32`` / ``horovod fp16``: per-tensor collectives, fused by
   Horovod's tensor fusion (64 MB buffers, 1 ms cycle:
-  ``network_model.horovod_fusion_layout``); fp16 casts each tensor;
+  ``tf_mergecomp.grouping.fusion_splits``); fp16 casts each tensor;
 - per codec: ``layer-wise`` (one group per tensor), ``one group``,
   ``searched`` (the project's search core, ``search.run_search``, unchanged,
   answering its profile, probes and confirm rounds from the model, as a real
@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from tf_mergecomp import grouping
 from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import run as search_run
 from benchmarks import network_model
@@ -249,8 +250,8 @@ class Simulation:
         # on the step the fusion makes: a few rounds find both.
         phase, layouts = 0.0, []
         for _ in range(FUSION_ROUNDS):
-            layout = network_model.horovod_fusion_layout(self.ready, tensor_bytes, self.cycle_s,
-                                                      self.fusion_bytes, phase)
+            layout = grouping.fusion_splits(self.ready, tensor_bytes, self.cycle_s,
+                                            self.fusion_bytes, phase)
             if layout in layouts:
                 break
             layouts.append(layout)

@@ -248,6 +248,10 @@ def test_the_search_chooses_a_level_per_group_on_two_by_two(tmp_path):
     assert len({json.dumps(r["group_codecs"]) for r in ends}) == 1
     # Horovod restarted between candidates, its dynamic process sets made again.
     assert "restarting Horovod at each switch of candidate" in output
+    # The driver gave the search Horovod's fusion (two-level codecs are offered).
+    assert len({json.dumps(r["fusion"]) for r in ends}) == 1
+    fusion, fusion_layout, expected = ends[0]["fusion"]
+    assert fusion == [1e-3, 128 * 2**20] and fusion_layout == (expected or None), ends[0]["fusion"]
     for r in ends:
         assert r["done"] and r["cost"]["traces"] <= 6, r["cost"]
         assert r["cost"]["horovod_restarts"] > 0, r["cost"]

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from tests.test_search import SyntheticSystem
-from tf_mergecomp.grouping import balanced_splits, layerwise_splits
+from tf_mergecomp.grouping import balanced_splits, fusion_splits, layerwise_splits
 from tf_mergecomp.search import step_model
 from tf_mergecomp.search.algorithm import PartitionSearchAlgorithm
-from tf_mergecomp.search.requests import PLAIN_HOROVOD
+from tf_mergecomp.search.requests import PLAIN_HOROVOD, ProfileResult
 from tf_mergecomp.search.run import run_search
 
 CODECS = ("topk", "none")
@@ -193,3 +193,82 @@ def test_a_saved_partition_with_group_codecs_or_plain_horovod_reloads(tmp_path):
     assert saved is None and "invalid group codecs" in reason
     saved, reason = store.load(dict(identity, world_size=4), 10)
     assert saved is None and "different world size" in reason
+
+
+CYCLE_S = 0.01
+
+
+def _fine_grained_system():
+    """24 equal tensors ready over 90 ms of backprop; the compressor's encode costs
+    more than the bytes it saves, a plain group's collective is mostly per byte:
+    plain groups cut fine overlap backprop best. Horovod's cycle is 10 ms: the
+    steps' collectives wait for its ticks, a probe's for a whole cycle."""
+    n = 24
+    sizes = [100_000] * n
+    ready = np.linspace(0.01, 0.1, n)
+    cumulative = np.concatenate([[0.0], np.cumsum(sizes)])
+
+    def costs(per_element_encode, per_element_wire):
+        def parts(lo, hi):
+            elements = cumulative[np.asarray(hi)] - cumulative[np.asarray(lo)]
+            encode = 1e-5 + per_element_encode * elements
+            return encode, 2e-5 + per_element_wire * elements, 0.5 * encode
+        return parts
+
+    costs_by_codec = [costs(3e-8, 1e-8), costs(1e-10, 3.5e-8)]  # CODECS: topk, none
+
+    def truth(layout, codecs):
+        names = codecs or (CODECS[0],) * (len(layout) + 1)
+        assigned = step_model.AssignedCodecCosts(costs_by_codec,
+                                                 np.array([[CODECS.index(c) for c in names]]))
+        return step_model.StepTimeModel(ready, assigned, 0.001, cycle_s=CYCLE_S,
+                                        steady_state=True).step_time(layout)
+
+    def probe(splits, codec):
+        bounds = np.array((0,) + tuple(splits) + (n,))
+        parts = np.stack(costs_by_codec[CODECS.index(codec)](bounds[:-1], bounds[1:]), axis=1)
+        parts[:, 1] += CYCLE_S
+        return parts
+
+    def search(**options):
+        return run_search(sizes, lambda splits: ProfileResult(truth(splits, None), ready), probe,
+                          lambda layout, codecs: (1.5 * truth((), None) if layout == PLAIN_HOROVOD
+                                                  else truth(layout, codecs)),
+                          max_groups=2, codecs=CODECS, plain_horovod=True, **options)
+
+    return sizes, ready, truth, search
+
+
+def test_the_fusion_layout_is_a_finalist_with_the_models_codecs_and_no_more_traces():
+    sizes, ready, truth, search = _fine_grained_system()
+    without = search()
+    result = search(fusion=(CYCLE_S, 128 * 2**20))
+    algorithm = result.algorithm
+    expected = fusion_splits(algorithm.ready, [4.0 * s for s in sizes], CYCLE_S, 128 * 2**20)
+    assert algorithm.fusion_layout == expected and len(expected) + 1 > 2
+    assert result.splits == expected and result.group_codecs.count("none") >= len(expected)
+    assert truth(result.splits, result.group_codecs) < 0.95 * truth(without.splits,
+                                                                     without.group_codecs)
+    assert result.requests["traced"] == without.requests["traced"] <= 6
+    assert "Horovod's fusion layout (%d groups" % (len(expected) + 1) in algorithm._name(expected)
+    # one codec only: no fusion layout (the option is for per-group codecs)
+    plain = PartitionSearchAlgorithm(sizes, codecs=None, fusion=(0.01, 1e6))
+    assert plain.fusion is not None and plain.fusion_layout is None
+
+
+@pytest.mark.parametrize("fusion", [(-1.0, 1e6), (1e-3, -1), (float("nan"), 1e6), (1e-3,), "1ms"])
+def test_a_bad_fusion_setting_is_refused(fusion):
+    with pytest.raises(ValueError, match="fusion must be None or"):
+        PartitionSearchAlgorithm([1, 2, 3], codecs=CODECS, fusion=fusion)
+
+
+def test_horovods_fusion_settings_come_from_the_jobs_environment():
+    from tf_mergecomp.search.settings import horovod_fusion
+
+    assert horovod_fusion({}) == (1e-3, 128 * 2**20)
+    assert horovod_fusion({"HOROVOD_CYCLE_TIME": "3.5", "HOROVOD_FUSION_THRESHOLD": "0"}) == (
+        pytest.approx(3.5e-3), 0.0)
+    for variable, bad in (("HOROVOD_CYCLE_TIME", "0"), ("HOROVOD_CYCLE_TIME", "fast"),
+                          ("HOROVOD_FUSION_THRESHOLD", "-1")):
+        with pytest.raises(ValueError, match=variable):
+            horovod_fusion({variable: bad})

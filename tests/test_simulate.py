@@ -14,8 +14,8 @@ from benchmarks import profile as profile_module
 from benchmarks import netns, simulate, worker
 from benchmarks.__main__ import main
 from tf_mergecomp.search.step_model import LinearGroupCosts, StepTimeModel
-from benchmarks.network_model import (FusedGroupCosts, NetworkCosts, NetworkGroupCosts, WireBytes,
-                                       horovod_fusion_layout)
+from benchmarks.network_model import FusedGroupCosts, NetworkCosts, NetworkGroupCosts, WireBytes
+from tf_mergecomp.grouping import fusion_splits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,13 +201,13 @@ def test_a_profiles_probed_groups_are_checked(probed, complaint):
 def test_horovod_fusion_groups_by_cycle_and_buffer():
     ready = [0.0001, 0.0004, 0.0012, 0.0013, 0.0014, 0.0031]
     nbytes = [10, 10, 10, 10, 10, 10]
-    assert horovod_fusion_layout(ready, nbytes, cycle_s=1e-3, fusion_bytes=100) == (2, 5)
+    assert fusion_splits(ready, nbytes, 1e-3, 100) == (2, 5)
     # a full buffer splits a cycle's tensors
-    assert horovod_fusion_layout(ready, nbytes, cycle_s=1e-3, fusion_bytes=20) == (2, 4, 5)
-    assert horovod_fusion_layout(ready, nbytes, cycle_s=0.0, fusion_bytes=100) == (1, 2, 3, 4, 5)
+    assert fusion_splits(ready, nbytes, 1e-3, 20) == (2, 4, 5)
+    assert fusion_splits(ready, nbytes, 0.0, 100) == (1, 2, 3, 4, 5)
     # Ticks shifted by the steady state's phase: 0.9 and 1.1 ms share the tick at 1.8 ms.
-    assert horovod_fusion_layout([0.0009, 0.0011], [1, 1], cycle_s=1e-3) == (1,)
-    assert horovod_fusion_layout([0.0009, 0.0011], [1, 1], cycle_s=1e-3, phase_s=2e-4) == ()
+    assert fusion_splits([0.0009, 0.0011], [1, 1], 1e-3, 100) == (1,)
+    assert fusion_splits([0.0009, 0.0011], [1, 1], 1e-3, 100, phase_s=2e-4) == ()
 
 
 def test_fused_groups_pay_one_collective_each():
@@ -771,8 +771,9 @@ def _tiny_machines_grid():
 
 
 @pytest.mark.xfail(strict=True, reason="issue 43's target is not met yet: where Horovod's "
-                   "hierarchical fp32 (fused per cycle) is best, the search's <= 4 two-level "
-                   "plain groups and its flat-Horovod sentinel stay 1-4% behind it")
+                   "hierarchical fp32 is best, MergeComp's plain two-level groups, even cut as "
+                   "Horovod fuses, pay their copies on the compute stream (Horovod's run on "
+                   "its own thread): 1.2% behind it at 16 machines, 100 Gbit/s")
 def test_the_level_search_on_a_grid_is_within_1pct_of_the_best():
     """4 ranks per machine over PCIe, 2 and 16 machines, 1 and 100 Gbit/s: the
     searched choice (level + partition + codec per group) is within 1% of the best
@@ -791,7 +792,7 @@ def test_the_level_search_goes_two_level_at_scale_and_its_flat_search_is_simulat
 
     profile, result = _tiny_machines_grid()
     check = machines_bench.verdict(result)
-    assert check["count"] == 8 and check["worst"] < 1.1
+    assert check["count"] == 8 and check["within_1pct"] >= 6 and check["worst"] < 1.02, check
     cells = {(c["bandwidth"], c["machines"]): c["rows"] for c in result["cells"]}
     slow = cells[("1gbit", 16)]
     assert slow["efsignsgd searched"]["step_s"] < 0.9 * slow["efsignsgd flat"]["step_s"]

@@ -7,6 +7,7 @@ tensors ``order[bounds[g]:bounds[g + 1]]`` with bounds = (0, *splits, N).
 ``()`` is one group (the whole model); ``(1, ..., N - 1)`` is layer-wise.
 """
 
+import math
 import numbers
 
 LAYERWISE = "layerwise"
@@ -86,6 +87,31 @@ def balanced_splits(sizes, groups):
         low = splits[-1] + 1 if splits else 1
         high = n - (groups - g)
         splits.append(min(max(best, low), high))
+    return tuple(splits)
+
+
+def fusion_splits(ready, nbytes, cycle_s, fusion_bytes, phase_s=0.0):
+    """The groups Horovod's tensor fusion makes of per-tensor collectives, as splits.
+
+    Horovod's background thread takes up, every ``cycle_s`` seconds, the
+    tensors that became ready since its last pass (in backprop order: ready
+    times are made non-decreasing) and fuses them into buffers of at most
+    ``fusion_bytes``, one collective each. ``ready``: seconds from the step's
+    start; ``nbytes``: each tensor's bytes; the passes fall at ``k * cycle_s -
+    phase_s``.
+    """
+    latest = 0.0
+    splits = []
+    group_bytes = 0.0
+    previous_tick = None
+    for i, (when, size) in enumerate(zip(ready, nbytes)):
+        latest = max(latest, float(when))
+        tick = math.ceil((latest + phase_s) / cycle_s - 1e-9) if cycle_s > 0 else latest
+        if i and (tick != previous_tick or group_bytes + size > fusion_bytes):
+            splits.append(i)
+            group_bytes = 0.0
+        group_bytes += size
+        previous_tick = tick
     return tuple(splits)
 
 

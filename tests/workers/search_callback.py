@@ -107,6 +107,20 @@ def _layout(layout):
     return layout if layout is None or isinstance(layout, str) else list(layout)
 
 
+def _fusion(algorithm):
+    """[the search's fusion setting, its fusion layout, the layout the job's
+    Horovod settings give of the profiled ready times]."""
+    from tf_mergecomp.grouping import fusion_splits
+    from tf_mergecomp.search.settings import horovod_fusion
+
+    if algorithm.ready is None:
+        return [algorithm.fusion, _layout(algorithm.fusion_layout), None]
+    expected = fusion_splits(algorithm.ready, [4.0 * s for s in algorithm.sizes],
+                             *horovod_fusion())
+    return [algorithm.fusion and list(algorithm.fusion), _layout(algorithm.fusion_layout),
+            list(expected)]
+
+
 def report_run(model, mc, search, losses):
     report(
         splits=None if mc.steps_aside else list(mc.splits),
@@ -121,6 +135,7 @@ def report_run(model, mc, search, losses):
         choice=None if search.algorithm is None else _layout(search.algorithm.choice),
         leader=None if search.algorithm is None else _layout(search.algorithm.leader),
         extra_rounds=None if search.algorithm is None else search.algorithm.extra_rounds,
+        fusion=None if search.algorithm is None else _fusion(search.algorithm),
         losses=losses, checksum=weights_checksum(model), tensors=mc.num_tensors,
     )
 

@@ -12,7 +12,14 @@ dropped, and the leader replaces one group only if the mean of its log ratios pl
 
 Per-group codecs (``codecs``: the compressor's name, then plain codecs such as ``none``):
 the model gives each group the codec of least cost, and each ranked layout's codecs are
-settled over its codec assignments (every one up to ``ASSIGNMENTS_LIMIT``).
+settled over its codec assignments (every one up to ``ASSIGNMENTS_LIMIT``, else group by
+group from the best start, ``ASSIGNMENT_SWEEPS`` times at most). With ``fusion``
+(Horovod's cycle and fusion buffer) the layout Horovod's tensor fusion makes of the profiled
+ready times, with the model's codec per group, takes the place of the weakest finalist where
+the model predicts it faster: finer than ``max_groups`` allows, it is what plain groups need
+where their collectives overlap backprop best in small pieces (two-level plain groups cut
+this way are Horovod's hierarchical allreduce). Where it is layer-wise, the layer-wise
+sentinel takes the model's codecs.
 
 The algorithm is framework-free and driven by requests (tf_mergecomp/search/requests.py):
 ``start()`` returns the first request, ``answer(value)`` the next (None when done):
@@ -46,7 +53,7 @@ from tf_mergecomp.search.candidates import best_layouts
 from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
-from tf_mergecomp.grouping import balanced_splits, layerwise_splits
+from tf_mergecomp.grouping import balanced_splits, fusion_splits, layerwise_splits
 
 
 # Extra finalists of one group count cut at least this far from each other
@@ -57,6 +64,9 @@ RANKED_PER_GROUP_COUNT = 16
 # Codec assignments of one layout evaluated exhaustively up to this many,
 # else group by group from the cheapest codec of each.
 ASSIGNMENTS_LIMIT = 4096
+# Past the limit: at most this many sweeps over the groups, each trying every
+# codec on one group at a time.
+ASSIGNMENT_SWEEPS = 3
 
 
 class PartitionSearchAlgorithm:
@@ -80,11 +90,14 @@ class PartitionSearchAlgorithm:
       codecs: None (every group with the compressor), or the codec names a
         group may use, the compressor's first (module docstring).
       plain_horovod: confirm plain Horovod as a third sentinel.
+      fusion: None, or Horovod's (cycle seconds, fusion buffer bytes): with
+        ``codecs``, the fusion layout of the module docstring may be a finalist.
     """
 
     def __init__(self, sizes, max_groups=4, finalists=3, rounds=4, codec_on_compute=True,
                  decodes_after_backprop=False, exhaustive_limit=20_000, refinements=2,
-                 resolve_rounds=4, standard_errors=2.0, codecs=None, plain_horovod=False):
+                 resolve_rounds=4, standard_errors=2.0, codecs=None, plain_horovod=False,
+                 fusion=None):
         sizes = list(sizes)
         if not sizes:
             raise ValueError("sizes must list at least one tensor size")
@@ -122,6 +135,17 @@ class PartitionSearchAlgorithm:
         if plain_horovod not in (True, False, 0, 1):
             raise ValueError("plain_horovod must be True or False, got %r" % (plain_horovod,))
         self.plain_horovod = bool(plain_horovod)
+        if fusion is not None:
+            try:
+                cycle_s, fusion_bytes = (float(v) for v in fusion)
+            except (TypeError, ValueError):
+                cycle_s = fusion_bytes = math.nan
+            if not (0 <= cycle_s < math.inf and 0 <= fusion_bytes < math.inf):
+                raise ValueError("fusion must be None or (cycle seconds >= 0, fusion buffer "
+                                 "bytes >= 0), got %r" % (fusion,))
+            fusion = (cycle_s, fusion_bytes)
+        self.fusion = fusion
+        self.fusion_layout = None  # the fusion layout, once the ready times are known
 
         self.phase = None  # "explore", "confirm", "done"
         self.profile = None  # ProfileResult of one group
@@ -282,6 +306,10 @@ class PartitionSearchAlgorithm:
             if len(seconds) != len(groups):
                 raise ValueError("layout %r has %d groups but %d were timed"
                                  % (layout, len(groups), len(seconds)))
+            if self.fusion is not None:
+                # Each probed collective, timed alone, waited about one whole cycle
+                # for Horovod's next pass; the model adds the cycle's ticks itself.
+                seconds[:, 1] = np.maximum(0.0, seconds[:, 1] - self.fusion[0])
             for group, parts in zip(groups, seconds):
                 self.probed_by_codec[codec][group] = parts
 
@@ -317,10 +345,16 @@ class PartitionSearchAlgorithm:
                                                 exhaustive_limit=self.exhaustive_limit,
                                                 sizes=self.sizes):
                 self.predictions[layout] = seconds
+        if self.fusion is not None and self.codecs is not None:
+            layout = fusion_splits(self.ready, [4.0 * size for size in self.sizes], *self.fusion)
+            if layout:  # one group is the reference: the compressor's
+                self.fusion_layout = layout
+                self.predictions.setdefault(layout, model.step_time(layout))
         if len(costs_by_codec) > 1:
             sentinels = set(self.sentinels)
             for layout in list(self.predictions):
-                if layout in sentinels:  # confirmed with the compressor everywhere
+                if layout in sentinels and layout != self.fusion_layout:
+                    # confirmed with the compressor everywhere
                     self.predictions[layout] = compressor_model.step_time(layout)
                     continue
                 names, seconds = self._best_assignment(layout, tail)
@@ -329,8 +363,12 @@ class PartitionSearchAlgorithm:
                     self.layout_codecs[layout] = names
 
     def _model(self, costs, tail):
+        if self.fusion is None:
+            return step_model.StepTimeModel(self.ready, costs, tail, self.codec_on_compute,
+                                            self.decodes_after_backprop)
         return step_model.StepTimeModel(self.ready, costs, tail, self.codec_on_compute,
-                                        self.decodes_after_backprop)
+                                        self.decodes_after_backprop, cycle_s=self.fusion[0],
+                                        steady_state=True)
 
     def _best_assignment(self, layout, tail):
         """(codec names per group, predicted seconds) of ``layout``'s fastest
@@ -341,16 +379,25 @@ class PartitionSearchAlgorithm:
             assignments = np.array(list(itertools.product(range(codecs), repeat=groups)),
                                    dtype=np.int64).reshape(-1, groups)
             times = self._assignment_times(layout, assignments, tail)
-        else:  # group by group, from each group's cheapest codec
+        else:
+            # Group by group, from the best of each group's cheapest codec and of
+            # each codec everywhere, sweeping until no group's change gains.
             bounds = np.array(_groups(layout, self.num_tensors))
-            current = self.model.costs.choices(bounds[:, 0], bounds[:, 1])
-            best = float(self._assignment_times(layout, current[None], tail)[0])
-            for group in range(groups):
-                trial = np.repeat(current[None], codecs, axis=0)
-                trial[:, group] = np.arange(codecs)
-                times = self._assignment_times(layout, trial, tail)
-                if times.min() < best - 1e-15:
-                    current, best = trial[int(np.argmin(times))], float(times.min())
+            starts = np.vstack([self.model.costs.choices(bounds[:, 0], bounds[:, 1])[None],
+                                np.repeat(np.arange(codecs)[:, None], groups, axis=1)])
+            times = self._assignment_times(layout, starts, tail)
+            current, best = starts[int(np.argmin(times))], float(times.min())
+            for _ in range(ASSIGNMENT_SWEEPS):
+                improved = False
+                for group in range(groups):
+                    trial = np.repeat(current[None], codecs, axis=0)
+                    trial[:, group] = np.arange(codecs)
+                    times = self._assignment_times(layout, trial, tail)
+                    if times.min() < best - 1e-15:
+                        current, best = trial[int(np.argmin(times))], float(times.min())
+                        improved = True
+                if not improved:
+                    break
             assignments, times = current[None], np.array([best])
         order = np.lexsort(((assignments != 0).sum(axis=1), times))
         chosen = assignments[order[0]]
@@ -387,6 +434,15 @@ class PartitionSearchAlgorithm:
                 if layout not in chosen and all(self._distance(layout, other) > near_limit
                                                 for other in chosen):
                     chosen.append(layout)
+        chosen.sort(key=lambda l: self.predictions[l])
+        fusion = self.fusion_layout
+        if fusion is not None and fusion not in chosen and fusion not in sentinels \
+                and self.finalists:
+            # In place of the weakest finalist where predicted faster: no more traces.
+            if len(chosen) < self.finalists:
+                chosen.append(fusion)
+            elif self.predictions[fusion] < self.predictions[chosen[-1]]:
+                chosen[-1] = fusion
         return sorted(chosen, key=lambda l: self.predictions[l])
 
     def _distance(self, a, b):
@@ -434,11 +490,13 @@ class PartitionSearchAlgorithm:
     def _name(self, layout):
         if layout == PLAIN_HOROVOD:
             return PLAIN_HOROVOD
-        if layout == layerwise_splits(self.num_tensors):
-            return "layer-wise"
         codecs = self.codecs_of(layout)
-        return "%d groups cut at %s%s" % (len(layout) + 1, list(layout),
-                                          "" if codecs is None else ", codecs %s" % list(codecs))
+        codecs_text = "" if codecs is None else ", codecs %s" % list(codecs)
+        if layout == layerwise_splits(self.num_tensors):
+            return "layer-wise" + codecs_text
+        if layout == self.fusion_layout:
+            return "Horovod's fusion layout (%d groups%s)" % (len(layout) + 1, codecs_text)
+        return "%d groups cut at %s%s" % (len(layout) + 1, list(layout), codecs_text)
 
     def _time_round(self, layouts, round_index):
         measured = {}

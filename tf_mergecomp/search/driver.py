@@ -38,7 +38,7 @@ from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
 from tf_mergecomp.search import measure, store
 from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
-    MAX_TURN_FACTOR, check_settings, steps_per_turn)
+    MAX_TURN_FACTOR, check_settings, horovod_fusion, steps_per_turn)
 from tf_mergecomp.search.store import PartitionStore
 from tf_mergecomp.levels import TWO_LEVEL
 
@@ -265,11 +265,13 @@ class PartitionSearchDriver:
                   "cached collectives slow down the others" if self.restart_blocker is None
                   else "not restarting Horovod between candidates: %s" % self.restart_blocker)
         codec_on_compute, decodes_after = self._codec_placement()
+        codecs = self.searched_codecs()
+        two_level = codecs is not None and any(c.endswith(TWO_LEVEL) for c in codecs)
         self.algorithm = search_core.PartitionSearchAlgorithm(
             sizes, max_groups=self.max_groups, finalists=self.finalists, rounds=self.rounds,
             codec_on_compute=codec_on_compute, decodes_after_backprop=decodes_after,
-            codecs=self.searched_codecs(), plain_horovod=self.compression.plain_groups,
-            **self._search_options)
+            codecs=codecs, plain_horovod=self.compression.plain_groups,
+            fusion=horovod_fusion() if two_level else None, **self._search_options)
         request = self.algorithm.start()
         while request is not None:
             if request.kind == "profile":

@@ -12,6 +12,32 @@ _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "stan
 # steps_per_candidate: on 25 ms steps, 20-step turns are what brings the
 # turn-to-turn spread down (docs/benchmarks.md, "Two speeds on two cores").
 MAX_TURN_FACTOR = 10
+# Horovod's tensor fusion unless the job sets it (the defaults since Horovod 0.21).
+HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME, 1 ms
+HOROVOD_FUSION_BYTES = 128 * 2**20  # HOROVOD_FUSION_THRESHOLD, 128 MiB
+
+
+def horovod_fusion(environ=None):
+    """(cycle seconds, fusion buffer bytes) of Horovod's tensor fusion in the processes
+    started from ``environ`` (default: this one's): HOROVOD_CYCLE_TIME (milliseconds) and
+    HOROVOD_FUSION_THRESHOLD (bytes) where set, else Horovod's defaults."""
+    environ = os.environ if environ is None else environ
+    values = []
+    for variable, unit, default, scale, minimum in (
+            ("HOROVOD_CYCLE_TIME", "milliseconds", HOROVOD_CYCLE_S, 1e-3, "positive"),
+            ("HOROVOD_FUSION_THRESHOLD", "bytes", HOROVOD_FUSION_BYTES, 1.0, "non-negative")):
+        text = environ.get(variable, "")
+        if text == "":
+            values.append(default)
+            continue
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > 0 if minimum == "positive" else value >= 0) or value == float("inf"):
+            raise ValueError("%s must be %s %s, got %r" % (variable, minimum, unit, text))
+        values.append(value * scale)
+    return tuple(values)
 
 
 def steps_per_turn(step_seconds, steps_per_candidate, min_turn_seconds):

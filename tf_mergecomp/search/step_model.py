@@ -35,7 +35,7 @@ element and per tensor for each part, fitted to measured groups;
 function with that signature can be used: ``NetworkGroupCosts`` adds W
 workers' network (``NetworkCosts``: ring allreduce and allgather with their
 latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
-Horovod's fused per-tensor allreduces (``horovod_fusion_layout``),
+Horovod's fused per-tensor allreduces (``tf_mergecomp.grouping.fusion_splits``),
 ``SerializedExchange`` puts any of them on the compute stream, and
 ``cycle_s`` makes collectives wait for Horovod's background cycle (whose
 passes fuse the collectives they take up: ``pass_fixed_s``), and
