@@ -19,7 +19,10 @@ ready times, with the model's codec per group, takes the place of the weakest fi
 the model predicts it faster: finer than ``max_groups`` allows, it is what plain groups need
 where their collectives overlap backprop best in small pieces (two-level plain groups cut
 this way are Horovod's hierarchical allreduce). Where it is layer-wise, the layer-wise
-sentinel takes the model's codecs.
+sentinel takes the model's codecs. With ``fusion`` the model also knows Horovod's cycle: a
+probed collective, timed alone, waited about one whole cycle for Horovod's next pass, which
+is taken out of it, and the model's collectives wait for the cycle's ticks (counted from the
+step's start) instead: the groups one pass takes up wait once.
 
 The algorithm is framework-free and driven by requests (tf_mergecomp/search/requests.py):
 ``start()`` returns the first request, ``answer(value)`` the next (None when done):
@@ -62,7 +65,7 @@ FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
 # Codec assignments of one layout evaluated exhaustively up to this many,
-# else group by group from the cheapest codec of each.
+# else group by group (PartitionSearchAlgorithm._best_assignment).
 ASSIGNMENTS_LIMIT = 4096
 # Past the limit: at most this many sweeps over the groups, each trying every
 # codec on one group at a time.
@@ -90,8 +93,9 @@ class PartitionSearchAlgorithm:
       codecs: None (every group with the compressor), or the codec names a
         group may use, the compressor's first (module docstring).
       plain_horovod: confirm plain Horovod as a third sentinel.
-      fusion: None, or Horovod's (cycle seconds, fusion buffer bytes): with
-        ``codecs``, the fusion layout of the module docstring may be a finalist.
+      fusion: None, or Horovod's (cycle seconds, fusion buffer bytes): the model
+        waits for the cycle, and with ``codecs`` the fusion layout may be a
+        finalist (module docstring).
     """
 
     def __init__(self, sizes, max_groups=4, finalists=3, rounds=4, codec_on_compute=True,
@@ -301,7 +305,7 @@ class PartitionSearchAlgorithm:
         if len(results) != len(layouts):
             raise ValueError("a probe answer must hold one array per layout")
         for layout, seconds in zip(layouts, results):
-            seconds = np.asarray(seconds, dtype=np.float64).reshape(-1, 3)
+            seconds = np.array(seconds, dtype=np.float64).reshape(-1, 3)
             groups = _groups(layout, self.num_tensors)
             if len(seconds) != len(groups):
                 raise ValueError("layout %r has %d groups but %d were timed"
@@ -363,12 +367,11 @@ class PartitionSearchAlgorithm:
                     self.layout_codecs[layout] = names
 
     def _model(self, costs, tail):
-        if self.fusion is None:
-            return step_model.StepTimeModel(self.ready, costs, tail, self.codec_on_compute,
-                                            self.decodes_after_backprop)
+        # Ticks from the step's start: a steady state's whole cycles would
+        # quantise every prediction to the cycle, leaving the ranking to ties.
+        cycle_s = 0.0 if self.fusion is None else self.fusion[0]
         return step_model.StepTimeModel(self.ready, costs, tail, self.codec_on_compute,
-                                        self.decodes_after_backprop, cycle_s=self.fusion[0],
-                                        steady_state=True)
+                                        self.decodes_after_backprop, cycle_s=cycle_s)
 
     def _best_assignment(self, layout, tail):
         """(codec names per group, predicted seconds) of ``layout``'s fastest
