@@ -350,6 +350,7 @@ class PartitionSearchAlgorithm:
                                                 sizes=self.sizes):
                 self.predictions[layout] = seconds
         if self.fusion is not None and self.codecs is not None:
+            # Horovod's buffer counts bytes; the groups' buffers are float32.
             layout = fusion_splits(self.ready, [4.0 * size for size in self.sizes], *self.fusion)
             if layout:  # one group is the reference: the compressor's
                 self.fusion_layout = layout

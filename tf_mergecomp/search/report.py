@@ -61,11 +61,12 @@ class SearchReport:
     def finalists(self, algorithm, n, rounds):
         self.log("predicted %s; confirming %s against one group and layer-wise in %d "
                  "interleaved rounds, after an untimed turn of each" % (
-                     ", ".join("%s %.2f ms" % (short(l, n, algorithm.codecs_of(l)),
+                     ", ".join("%s %.2f ms" % (short(l, n, algorithm.codecs_of(l),
+                                                     algorithm.fusion_layout),
                                                1e3 * algorithm.predictions[l])
                                for l in [()] + algorithm.finalist_layouts
                                if l in algorithm.predictions),
-                     ", ".join(short(l, n, algorithm.codecs_of(l))
+                     ", ".join(short(l, n, algorithm.codecs_of(l), algorithm.fusion_layout)
                                for l in algorithm.finalist_layouts) or "nothing else",
                      rounds))
         if algorithm.plain_horovod:
@@ -84,7 +85,8 @@ class SearchReport:
                 title = "round %d (extra, the leader's gain over one group unresolved)" % (
                     self.rounds_logged)
             self.log("%s: %s" % (title, ", ".join(
-                "%s %.2f ms%s" % (short(layout, n, algorithm.codecs_of(layout)), 1e3 * seconds,
+                "%s %.2f ms%s" % (short(layout, n, algorithm.codecs_of(layout),
+                                        algorithm.fusion_layout), 1e3 * seconds,
                                   " (predicted %.2f)" % (1e3 * algorithm.predictions[layout])
                                   if layout in algorithm.predictions else "")
                 for layout, seconds in measured.items())))
@@ -156,15 +158,17 @@ class SearchReport:
         return path
 
 
-def short(splits, n, codecs=None):
-    """A layout in a few words: one group, layer-wise, or its splits, with the
-    codec of each group where they differ from the compressor."""
+def short(splits, n, codecs=None, fusion_layout=None):
+    """A layout in a few words: one group, layer-wise, the search's fusion layout,
+    or its splits, with the codec of each group where they differ from the compressor."""
     if isinstance(splits, str):
         return splits
     if not splits:
         return "one group" + _codecs_text(codecs)
     if len(splits) == n - 1:
         return "layer-wise" + _codecs_text(codecs)
+    if tuple(splits) == fusion_layout:
+        return "Horovod's fusion layout (%d groups)%s" % (len(splits) + 1, _codecs_text(codecs))
     return "%s%s" % (list(splits), _codecs_text(codecs))
 
 
