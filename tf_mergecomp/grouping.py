@@ -115,6 +115,19 @@ def fusion_splits(ready, nbytes, cycle_s, fusion_bytes, phase_s=0.0):
     return tuple(splits)
 
 
+def check_fusion(fusion):
+    """(cycle seconds, fusion buffer bytes) as floats, or ValueError: both
+    finite and >= 0 (a threshold of 0 is Horovod's fusion turned off)."""
+    try:
+        cycle_s, fusion_bytes = (float(v) for v in fusion)
+    except (TypeError, ValueError):
+        cycle_s = fusion_bytes = math.nan
+    if not (0 <= cycle_s < math.inf and 0 <= fusion_bytes < math.inf):
+        raise ValueError("fusion must be None or (cycle seconds >= 0, fusion buffer bytes "
+                         ">= 0), got %r" % (fusion,))
+    return cycle_s, fusion_bytes
+
+
 def group_bounds(splits, n):
     """[(start, end), ...] for each group."""
     bounds = (0,) + tuple(splits) + (n,)

@@ -12,17 +12,12 @@ dropped, and the leader replaces one group only if the mean of its log ratios pl
 
 Per-group codecs (``codecs``: the compressor's name, then plain codecs such as ``none``):
 the model gives each group the codec of least cost, and each ranked layout's codecs are
-settled over its codec assignments (every one up to ``ASSIGNMENTS_LIMIT``, else group by
-group from the best start, ``ASSIGNMENT_SWEEPS`` times at most). With ``fusion``
-(Horovod's cycle and fusion buffer) the layout Horovod's tensor fusion makes of the profiled
-ready times, with the model's codec per group, takes the place of the weakest finalist where
-the model predicts it faster: finer than ``max_groups`` allows, it is what plain groups need
-where their collectives overlap backprop best in small pieces (two-level plain groups cut
-this way are Horovod's hierarchical allreduce). Where it is layer-wise, the layer-wise
-sentinel takes the model's codecs. With ``fusion`` the model also knows Horovod's cycle: a
-probed collective, timed alone, waited about one whole cycle for Horovod's next pass, which
-is taken out of it, and the model's collectives wait for the cycle's ticks (counted from the
-step's start) instead: the groups one pass takes up wait once.
+settled over its codec assignments (``candidates.best_assignment``). With ``fusion``
+(Horovod's cycle and fusion buffer; docs/search.md, "The fusion layout") the model waits for
+Horovod's cycle instead of charging each probed group the cycle its probe waited, and the
+layout Horovod's tensor fusion makes of the profiled ready times, with the model's codecs,
+takes the place of the weakest finalist where predicted faster (where that layout is
+layer-wise, the layer-wise sentinel takes the model's codecs instead).
 
 The algorithm is framework-free and driven by requests (tf_mergecomp/search/requests.py):
 ``start()`` returns the first request, ``answer(value)`` the next (None when done):
@@ -42,21 +37,18 @@ Every worker must answer the same values (averaged over workers). The driver
 indices in (0, N) over the N tensors in backprop order: ``()`` is one group.
 """
 
-
-import itertools
-
 import math
 import numbers
 
 import numpy as np
 
 from tf_mergecomp.search import step_model, summary
-from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio  # noqa: F401 (mean_log_ratio: imported from here too)
-from tf_mergecomp.search.candidates import best_layouts
+from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio, short  # noqa: F401 (mean_log_ratio: imported from here too)
+from tf_mergecomp.search.candidates import best_assignment, best_layouts
 from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
-from tf_mergecomp.grouping import balanced_splits, fusion_splits, layerwise_splits
+from tf_mergecomp.grouping import balanced_splits, check_fusion, fusion_splits, layerwise_splits
 
 
 # Extra finalists of one group count cut at least this far from each other
@@ -64,12 +56,6 @@ from tf_mergecomp.grouping import balanced_splits, fusion_splits, layerwise_spli
 FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
-# Codec assignments of one layout evaluated exhaustively up to this many,
-# else group by group (PartitionSearchAlgorithm._best_assignment).
-ASSIGNMENTS_LIMIT = 4096
-# Past the limit: at most this many sweeps over the groups, each trying every
-# codec on one group at a time.
-ASSIGNMENT_SWEEPS = 3
 
 
 class PartitionSearchAlgorithm:
@@ -139,16 +125,7 @@ class PartitionSearchAlgorithm:
         if plain_horovod not in (True, False, 0, 1):
             raise ValueError("plain_horovod must be True or False, got %r" % (plain_horovod,))
         self.plain_horovod = bool(plain_horovod)
-        if fusion is not None:
-            try:
-                cycle_s, fusion_bytes = (float(v) for v in fusion)
-            except (TypeError, ValueError):
-                cycle_s = fusion_bytes = math.nan
-            if not (0 <= cycle_s < math.inf and 0 <= fusion_bytes < math.inf):
-                raise ValueError("fusion must be None or (cycle seconds >= 0, fusion buffer "
-                                 "bytes >= 0), got %r" % (fusion,))
-            fusion = (cycle_s, fusion_bytes)
-        self.fusion = fusion
+        self.fusion = None if fusion is None else check_fusion(fusion)
         self.fusion_layout = None  # the fusion layout, once the ready times are known
 
         self.phase = None  # "explore", "confirm", "done"
@@ -377,41 +354,11 @@ class PartitionSearchAlgorithm:
     def _best_assignment(self, layout, tail):
         """(codec names per group, predicted seconds) of ``layout``'s fastest
         codec assignment under the model; fewer codec changes on a tie."""
-        groups = len(layout) + 1
-        codecs = len(self._costs_by_codec)
-        if codecs ** groups <= ASSIGNMENTS_LIMIT:
-            assignments = np.array(list(itertools.product(range(codecs), repeat=groups)),
-                                   dtype=np.int64).reshape(-1, groups)
-            times = self._assignment_times(layout, assignments, tail)
-        else:
-            # Group by group, from the best of each group's cheapest codec and of
-            # each codec everywhere, sweeping until no group's change gains.
-            bounds = np.array(_groups(layout, self.num_tensors))
-            starts = np.vstack([self.model.costs.choices(bounds[:, 0], bounds[:, 1])[None],
-                                np.repeat(np.arange(codecs)[:, None], groups, axis=1)])
-            times = self._assignment_times(layout, starts, tail)
-            current, best = starts[int(np.argmin(times))], float(times.min())
-            for _ in range(ASSIGNMENT_SWEEPS):
-                improved = False
-                for group in range(groups):
-                    trial = np.repeat(current[None], codecs, axis=0)
-                    trial[:, group] = np.arange(codecs)
-                    times = self._assignment_times(layout, trial, tail)
-                    if times.min() < best - 1e-15:
-                        current, best = trial[int(np.argmin(times))], float(times.min())
-                        improved = True
-                if not improved:
-                    break
-            assignments, times = current[None], np.array([best])
-        order = np.lexsort(((assignments != 0).sum(axis=1), times))
-        chosen = assignments[order[0]]
-        return tuple(self.codecs[i] for i in chosen), float(times[order[0]])
-
-    def _assignment_times(self, layout, assignments, tail):
-        costs = step_model.AssignedCodecCosts(self._costs_by_codec, assignments)
-        splits = np.repeat(np.asarray([layout], dtype=np.int64).reshape(1, -1),
-                           len(assignments), axis=0)
-        return self._model(costs, tail).step_times(splits)
+        bounds = np.array(_groups(layout, self.num_tensors))
+        chosen, seconds = best_assignment(
+            layout, self._costs_by_codec, lambda costs: self._model(costs, tail),
+            self.model.costs.choices(bounds[:, 0], bounds[:, 1]))
+        return tuple(self.codecs[i] for i in chosen), seconds
 
     def _best_per_group_count(self):
         best = {}
@@ -488,19 +435,9 @@ class PartitionSearchAlgorithm:
             self.notes.append(
                 "the leader, %s, measured %.3fx one group's step (+-%.1f%% over %d rounds): "
                 "not resolved, one group kept" % (
-                    self._name(self.leader), math.exp(mean), 100 * (math.exp(half_width) - 1),
+                    short(self.leader, self.num_tensors, self.codecs_of(self.leader),
+                          self.fusion_layout), math.exp(mean), 100 * (math.exp(half_width) - 1),
                     len(self.relative_rounds_of(self.leader))))
-
-    def _name(self, layout):
-        if layout == PLAIN_HOROVOD:
-            return PLAIN_HOROVOD
-        codecs = self.codecs_of(layout)
-        codecs_text = "" if codecs is None else ", codecs %s" % list(codecs)
-        if layout == layerwise_splits(self.num_tensors):
-            return "layer-wise" + codecs_text
-        if layout == self.fusion_layout:
-            return "Horovod's fusion layout (%d groups%s)" % (len(layout) + 1, codecs_text)
-        return "%d groups cut at %s%s" % (len(layout) + 1, list(layout), codecs_text)
 
     def _time_round(self, layouts, round_index):
         measured = {}

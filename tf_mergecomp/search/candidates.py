@@ -1,4 +1,5 @@
-"""The fastest layouts of one group count under a step-time model.
+"""The fastest layouts of one group count under a step-time model, and the
+fastest codec assignment of a layout.
 
 The search ranks candidates by prediction before it times any: for each group
 count, every layout when there are few enough, else a grid of cut positions
@@ -6,6 +7,7 @@ whose best layouts are then refined one cut at a time
 (tf_mergecomp/search/algorithm.py, step 3).
 """
 
+import itertools
 import math
 
 import numpy as np
@@ -14,6 +16,10 @@ from tf_mergecomp.search import step_model
 
 # On a grid, the best this many layouts are refined cut by cut.
 REFINED_SEEDS = 8
+# Codec assignments of one layout evaluated exhaustively up to this many, else
+# group by group (best_assignment), at most ASSIGNMENT_SWEEPS sweeps over the groups.
+ASSIGNMENTS_LIMIT = 4096
+ASSIGNMENT_SWEEPS = 3
 
 
 def best_layouts(model, groups, count=4, exhaustive_limit=20_000, sizes=None):
@@ -83,3 +89,46 @@ def _refine_cuts(model, layout, seconds):
 def _top(layouts, times, count):
     order = np.lexsort((np.arange(len(times)), times))[:count]
     return [(tuple(int(c) for c in layouts[i]), float(times[i])) for i in order]
+
+
+def best_assignment(layout, costs_by_codec, model_of, cheapest):
+    """(codec index per group, predicted seconds) of ``layout``'s fastest codec
+    assignment; fewer codecs other than the first on a tie.
+
+    ``costs_by_codec``: one cost function per codec; ``model_of(costs)``: the
+    StepTimeModel of an ``AssignedCodecCosts``; ``cheapest``: each group's
+    cheapest codec on its own. Up to ``ASSIGNMENTS_LIMIT`` assignments every
+    one; past it, from the best of ``cheapest`` and of each codec everywhere,
+    one group at a time tries every codec, sweeping until no change gains.
+    """
+    groups = len(layout) + 1
+    codecs = len(costs_by_codec)
+    splits = np.asarray([layout], dtype=np.int64).reshape(1, -1)
+
+    def times_of(assignments):
+        costs = step_model.AssignedCodecCosts(costs_by_codec, assignments)
+        return model_of(costs).step_times(np.repeat(splits, len(assignments), axis=0))
+
+    if codecs ** groups <= ASSIGNMENTS_LIMIT:
+        assignments = np.array(list(itertools.product(range(codecs), repeat=groups)),
+                               dtype=np.int64).reshape(-1, groups)
+        times = times_of(assignments)
+    else:
+        starts = np.vstack([np.asarray(cheapest, dtype=np.int64)[None],
+                            np.repeat(np.arange(codecs)[:, None], groups, axis=1)])
+        times = times_of(starts)
+        current, best = starts[int(np.argmin(times))], float(times.min())
+        for _ in range(ASSIGNMENT_SWEEPS):
+            improved = False
+            for group in range(groups):
+                trial = np.repeat(current[None], codecs, axis=0)
+                trial[:, group] = np.arange(codecs)
+                times = times_of(trial)
+                if times.min() < best - 1e-15:
+                    current, best = trial[int(np.argmin(times))], float(times.min())
+                    improved = True
+            if not improved:
+                break
+        assignments, times = current[None], np.array([best])
+    order = np.lexsort(((assignments != 0).sum(axis=1), times))
+    return assignments[order[0]], float(times[order[0]])

@@ -21,6 +21,7 @@ import numpy as np
 
 from tf_mergecomp import communication, grouping
 from tf_mergecomp.search.requests import PLAIN_HOROVOD
+from tf_mergecomp.search.summary import codecs_text, short
 
 PLOT_NAME = "mergecomp_search.png"
 STEPS_ASIDE = "plain Horovod is fastest here: MergeComp steps aside"
@@ -158,36 +159,15 @@ class SearchReport:
         return path
 
 
-def short(splits, n, codecs=None, fusion_layout=None):
-    """A layout in a few words: one group, layer-wise, the search's fusion layout,
-    or its splits, with the codec of each group where they differ from the compressor."""
-    if isinstance(splits, str):
-        return splits
-    if not splits:
-        return "one group" + _codecs_text(codecs)
-    if len(splits) == n - 1:
-        return "layer-wise" + _codecs_text(codecs)
-    if tuple(splits) == fusion_layout:
-        return "Horovod's fusion layout (%d groups)%s" % (len(splits) + 1, _codecs_text(codecs))
-    return "%s%s" % (list(splits), _codecs_text(codecs))
-
-
 def describe(splits, codecs=None):
     """A layout's group count, its first splits and its groups' codecs."""
     if isinstance(splits, str):
         return "%s (MergeComp steps aside)" % splits
     splits = tuple(splits)
     if not splits:
-        return "1 group" + _codecs_text(codecs)
+        return "1 group" + codecs_text(codecs)
     shown = ", ".join(str(s) for s in splits[:8]) + (", ..." if len(splits) > 8 else "")
-    return "%d groups, splits (%s)%s" % (len(splits) + 1, shown, _codecs_text(codecs))
-
-
-def _codecs_text(codecs):
-    if codecs is None:
-        return ""
-    shown = list(codecs[:8]) + (["..."] if len(codecs) > 8 else [])
-    return " codecs [%s]" % ", ".join(shown)
+    return "%d groups, splits (%s)%s" % (len(splits) + 1, shown, codecs_text(codecs))
 
 
 def plot_search(algorithm, choice, path):

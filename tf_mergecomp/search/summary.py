@@ -1,5 +1,6 @@
 """What the partition search's confirm rounds say (ratios to one group, their mean log and
-its spread), and the JSON account of a search (``PartitionSearchAlgorithm.summary``)."""
+its spread), the JSON account of a search (``PartitionSearchAlgorithm.summary``) and a
+layout's name in a few words."""
 
 import math
 
@@ -73,5 +74,29 @@ def summary(algorithm):
         "model": None if algorithm.model is None else {
             "tail_s": algorithm.model.tail, "codec_on_compute": algorithm.codec_on_compute,
             "decodes_after_backprop": algorithm.decodes_after_backprop},
+        "fusion_layout": (None if algorithm.fusion_layout is None
+                          else list(algorithm.fusion_layout)),
         "notes": list(algorithm.notes),
     }
+
+
+def short(splits, n, codecs=None, fusion_layout=None):
+    """A layout in a few words: one group, layer-wise, the search's fusion layout,
+    or its splits, with the codec of each group where they differ from the compressor."""
+    if isinstance(splits, str):
+        return splits
+    if not splits:
+        return "one group" + codecs_text(codecs)
+    if len(splits) == n - 1:
+        return "layer-wise" + codecs_text(codecs)
+    if tuple(splits) == fusion_layout:
+        return "Horovod's fusion layout (%d groups)%s" % (len(splits) + 1, codecs_text(codecs))
+    return "%s%s" % (list(splits), codecs_text(codecs))
+
+
+def codecs_text(codecs):
+    """The text ' codecs [...]' that names a layout's codec per group; '' for None."""
+    if codecs is None:
+        return ""
+    shown = list(codecs[:8]) + (["..."] if len(codecs) > 8 else [])
+    return " codecs [%s]" % ", ".join(shown)
