@@ -171,9 +171,9 @@ class GpuMatrices(ctypes.Structure):
 class PowersgdGpuGroup(ctypes.Structure):
     """MergecompPowersgdGpuGroup (powersgd_gpu_launchers.h)."""
     _fields_ = [("num_tensors", ctypes.c_int64), ("residual", ctypes.c_int32),
-                ("host_m_offsets", ctypes.POINTER(ctypes.c_int64)),
+                ("host_offsets", ctypes.POINTER(ctypes.c_int64)),
                 ("host_q_size", ctypes.c_int64)] + [
-        (name, ctypes.c_void_p) for name in ("m_offsets", "p_offsets", "q_offsets", "cols",
+        (name, ctypes.c_void_p) for name in ("offsets", "m_offsets", "p_offsets", "q_offsets", "cols",
                                              "ranks", "kinds", "gradients", "outputs", "state")]
 
 
@@ -190,15 +190,16 @@ def powersgd_layout(shapes, rank):
         for d in shape:
             size *= int(d)
         t = {"size": size, "low_rank": len(shape) >= 2 and size > 0, "rows": 0, "cols": 0,
-             "rank": 0, "m_offset": m_size, "p_offset": 0, "q_offset": 0}
+             "rank": 0, "m_offset": 0, "p_offset": 0, "q_offset": 0}
         if t["low_rank"]:
+            t["m_offset"] = m_size
+            m_size += size
             t["cols"] = int(shape[-1])
             t["rows"] = size // t["cols"]
             t["rank"] = min(rank, t["rows"], t["cols"])
             t["p_offset"], t["q_offset"] = p_size, q_size
             p_size += t["rows"] * t["rank"]
             q_size += t["cols"] * t["rank"]
-        m_size += size
         tensors.append(t)
     for t in tensors:
         if not t["low_rank"]:
@@ -223,7 +224,9 @@ class DevicePowersgdGroup:
         self.layout = layout = powersgd_layout(shapes, rank)
         tensors = layout["tensors"]
         n = len(tensors)
-        m_offsets = [t["m_offset"] for t in tensors] + [layout["compensated"]]
+        offsets = [0]
+        for t in tensors:
+            offsets.append(offsets[-1] + t["size"])
         q_offsets, running = [], 0
         for t in tensors:
             q_offsets.append(t["q_offset"] if t["low_rank"] else running)
@@ -231,7 +234,7 @@ class DevicePowersgdGroup:
                 running = t["q_offset"] + t["cols"] * t["rank"]
         q_offsets.append(running)
         dtypes = dtypes or ["float32"] * n
-        self._host_m = (ctypes.c_int64 * (n + 1))(*m_offsets)
+        self._host_offsets = (ctypes.c_int64 * (n + 1))(*offsets)
         self._keep = {}
 
         def table(key, values, dtype=np.int64):
@@ -245,8 +248,9 @@ class DevicePowersgdGroup:
 
         self.struct = PowersgdGpuGroup(
             num_tensors=n, residual=int(bool(residual)),
-            host_m_offsets=ctypes.cast(self._host_m, ctypes.POINTER(ctypes.c_int64)),
-            host_q_size=layout["q"], m_offsets=table("m", m_offsets),
+            host_offsets=ctypes.cast(self._host_offsets, ctypes.POINTER(ctypes.c_int64)),
+            host_q_size=layout["q"], offsets=table("offsets", offsets),
+            m_offsets=table("m", [t["m_offset"] for t in tensors]),
             p_offsets=table("p", [t["p_offset"] for t in tensors]),
             q_offsets=table("q", q_offsets), cols=table("cols", [t["cols"] for t in tensors]),
             ranks=table("ranks", [t["rank"] for t in tensors]),

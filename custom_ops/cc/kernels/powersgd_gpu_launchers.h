@@ -53,9 +53,10 @@ int mergecomp_grouped_matmul_gpu(const MergecompGpuMatrices* matrices, const flo
 typedef struct MergecompPowersgdGpuGroup {
   int64_t num_tensors;            // n
   int32_t residual;               // state i holds e_i (size_i floats) before Q_i
-  const int64_t* host_m_offsets;  // host: n + 1 offsets of M_i in the compensated buffer
+  const int64_t* host_offsets;    // host: n + 1 offsets of tensor i's elements in the group
   int64_t host_q_size;            // host: floats of the Q payload
-  const int64_t* m_offsets;       // n + 1: device copy of host_m_offsets
+  const int64_t* offsets;         // n + 1: device copy of host_offsets
+  const int64_t* m_offsets;       // n: M_i in the compensated buffer (0 if not low-rank)
   const int64_t* p_offsets;       // n: P_i (low-rank) or the raw values in the P payload
   const int64_t* q_offsets;       // n + 1: Q_i in the Q payload (an empty range if not low-rank)
   const int64_t* cols;            // n: cols_i (0 if not low-rank)
@@ -67,8 +68,9 @@ typedef struct MergecompPowersgdGpuGroup {
                                   // no tensor keeps state
 } MergecompPowersgdGpuGroup;
 
-// M_i = g_i (+ e_i with residual) into `compensated`, cast to float32 on the
-// device; tensors that are not low-rank also go into `p` at p_offsets[i].
+// M_i = g_i (+ e_i with residual), cast to float32 on the device: into
+// `compensated` at m_offsets[i] for a low-rank tensor, else into `p` at
+// p_offsets[i] (its raw values).
 int mergecomp_powersgd_compensate_gpu(const MergecompPowersgdGpuGroup* group, float* compensated,
                                       float* p, void* stream);
 

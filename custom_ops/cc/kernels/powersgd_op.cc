@@ -146,9 +146,8 @@ class PowersgdGroupPOp : public PowersgdKernel<PowersgdPAttrs> {
     float* p = p_tensor->flat<float>().data();
     float* m = m_tensor->flat<float>().data();
 
-    // M = g (+ e) over elements [begin, end) of tensor i.
-    auto compensate = [&](int64_t i, int64_t begin, int64_t end) {
-      float* out = m + layout.tensor(i).m_offset;
+    // M = g (+ e) over elements [begin, end) of tensor i, into out (M_i's start).
+    auto compensate = [&](int64_t i, int64_t begin, int64_t end, float* out) {
       const float* e = attrs_.residual ? state.buffer(i) : nullptr;
       DispatchFloatType(gradients[i].dtype(), [&](auto type_tag) {
         using T = decltype(type_tag);
@@ -166,7 +165,7 @@ class PowersgdGroupPOp : public PowersgdKernel<PowersgdPAttrs> {
     ForEachChunk(context, MakeChunks(layout, ChunkOver::kRows), 2 * attrs_.rank + 3,
                  [&](const Chunk& c) {
                    const PowersgdTensor& t = layout.tensor(c.tensor);
-                   compensate(c.tensor, c.begin * t.cols, c.end * t.cols);
+                   compensate(c.tensor, c.begin * t.cols, c.end * t.cols, m + t.m_offset);
                    const float* q = state.buffer(c.tensor) +
                                     layout.q_state_offset(c.tensor, attrs_.residual);
                    const int64_t rows = c.end - c.begin;
@@ -175,13 +174,10 @@ class PowersgdGroupPOp : public PowersgdKernel<PowersgdPAttrs> {
                        ConstMatrixMap(q, t.cols, t.rank);
                  });
 
-    // The other tensors go into the payload as they are.
-    ForEachChunk(context, MakeChunks(layout, ChunkOver::kElements), 4, [&](const Chunk& c) {
+    // The other tensors' M go into the payload as they are.
+    ForEachChunk(context, MakeChunks(layout, ChunkOver::kElements), 3, [&](const Chunk& c) {
       const PowersgdTensor& t = layout.tensor(c.tensor);
-      if (t.low_rank) return;
-      compensate(c.tensor, c.begin, c.end);
-      std::memcpy(p + t.p_offset + c.begin, m + t.m_offset + c.begin,
-                  sizeof(float) * (c.end - c.begin));
+      if (!t.low_rank) compensate(c.tensor, c.begin, c.end, p + t.p_offset);
     });
   }
 };
@@ -200,7 +196,7 @@ class PowersgdGroupQOp : public PowersgdKernel<PowersgdShapesAttrs> {
     float* p = p_tensor->flat<float>().data();
     float* q = q_tensor->flat<float>().data();
     const float* m = compensated.flat<float>().data();
-    if (layout.p_payload_size() > 0) {
+    if (layout.p_payload_size() > 0 && p != p_mean.flat<float>().data()) {
       std::memcpy(p, p_mean.flat<float>().data(), sizeof(float) * layout.p_payload_size());
     }
 
@@ -248,14 +244,14 @@ class PowersgdGroupFinishOp : public PowersgdKernel<PowersgdFinishAttrs> {
 
     // A tensor that some worker could not send finitely has a non-finite
     // averaged P_i (or Qmean_i), the same on every worker: its output is all
-    // NaN and its residual and Q stay as they were.
+    // NaN and its residual and Q stay as they were. The low-rank tensors' P_i
+    // and Qmean_i are small; the other tensors' values are checked below,
+    // chunk by chunk as they are copied out.
     auto nonfinite = nonfinite_tensor->flat<int32_t>();
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
       const PowersgdTensor& t = layout.tensor(i);
-      const int64_t p_size = t.low_rank ? t.rows * t.rank : attrs_.shapes[i].num_elements();
-      const bool finite = AllFinite(p + t.p_offset, 0, p_size) &&
-                          (!t.low_rank || AllFinite(q_mean + t.q_offset, 0, t.cols * t.rank));
-      nonfinite(i) = finite ? 0 : 1;
+      nonfinite(i) = t.low_rank && !(AllFinite(p + t.p_offset, 0, t.rows * t.rank) &&
+                                     AllFinite(q_mean + t.q_offset, 0, t.cols * t.rank));
     }
 
     // Low-rank tensors, by blocks of rows: out = P Qmean^T, e = M - P Qlocal^T.
@@ -287,22 +283,33 @@ class PowersgdGroupFinishOp : public PowersgdKernel<PowersgdFinishAttrs> {
       }
     });
 
-    // The other tensors: the averaged values; what was sent is M itself.
-    ForEachChunk(context, MakeChunks(layout, ChunkOver::kElements), 2, [&](const Chunk& c) {
+    // The other tensors: the averaged values, each chunk checked while in cache.
+    const std::vector<Chunk> element_chunks = MakeChunks(layout, ChunkOver::kElements);
+    std::vector<char> chunk_nonfinite(element_chunks.size(), 0);
+    ForEachChunk(context, element_chunks, 3, [&](const Chunk& c) {
       const int64_t i = c.tensor;
       const PowersgdTensor& t = layout.tensor(i);
       if (t.low_rank) return;
+      const float* values = p + t.p_offset;
+      chunk_nonfinite[&c - element_chunks.data()] = !AllFinite(values, c.begin, c.end);
       DispatchFloatType(attrs_.dtypes[i], [&](auto type_tag) {
         using T = decltype(type_tag);
         T* target = static_cast<T*>(out[i]->data());
-        for (int64_t j = c.begin; j < c.end; ++j) target[j] = static_cast<T>(p[t.p_offset + j]);
+        for (int64_t j = c.begin; j < c.end; ++j) target[j] = static_cast<T>(values[j]);
       });
-      if (attrs_.residual && !nonfinite(i)) {
-        float* e = state.buffer(i);
-        const float* values = m + t.m_offset;
-        for (int64_t j = c.begin; j < c.end; ++j) e[j] = values[j] - values[j];
-      }
     });
+    for (size_t c = 0; c < element_chunks.size(); ++c) {
+      if (chunk_nonfinite[c]) nonfinite(element_chunks[c].tensor) = 1;
+    }
+    if (attrs_.residual) {
+      // What was sent is M itself: e = M - M, which is +0 for every finite
+      // value (and a finite average means this worker's M was finite).
+      ForEachChunk(context, element_chunks, 1, [&](const Chunk& c) {
+        if (layout.tensor(c.tensor).low_rank || nonfinite(c.tensor)) return;
+        float* e = state.buffer(c.tensor);
+        std::fill(e + c.begin, e + c.end, 0.0f);
+      });
+    }
 
     // Warm start: the averaged Q is next step's Q.
     for (int64_t i = 0; i < layout.num_tensors(); ++i) {
@@ -400,7 +407,8 @@ Status PowersgdQInputsAndOutputs(OpKernelContext* context, const PowersgdGroupLa
   const Tensor& p_mean = context->input(0);
   TF_RETURN_IF_ERROR(CheckFlat(p_mean, "p_mean", layout.p_payload_size()));
   TF_RETURN_IF_ERROR(CheckFlat(context->input(1), "compensated", layout.compensated_size()));
-  TF_RETURN_IF_ERROR(context->allocate_output(0, p_mean.shape(), p));
+  // P is orthonormalised in p_mean's own buffer where no other op reads it.
+  TF_RETURN_IF_ERROR(context->forward_input_or_allocate_output({0}, 0, p_mean.shape(), p));
   return context->allocate_output(1, TensorShape({layout.q_payload_size()}), q);
 }
 

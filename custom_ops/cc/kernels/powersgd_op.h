@@ -3,7 +3,8 @@
 // algorithm). Three CPU kernels surround the group's two allreduces:
 //
 //   MergecompPowersgdGroupP       M_i = g_i (+ e_i); P_i = M_i Q_i
-//                                 -> the P payload, and M as a flat scratch buffer
+//                                 -> the P payload, and the low-rank M_i as a
+//                                 flat scratch buffer
 //   (allreduce-mean of the P payload)
 //   MergecompPowersgdGroupQ       P_i <- orthonormalise(P_i); Qlocal_i = M_i^T P_i
 //   (allreduce-mean of the Q payload)
@@ -16,9 +17,9 @@
 // tensors (rank <= 1, or empty) are sent as they are.
 //
 // Buffers (float32, tensors in group order):
-//   compensated  M_0 .. M_{k-1} (n_i each);
+//   compensated  M_i (n_i each) of every low-rank tensor;
 //   P payload    P_i (rows_i x r_i) of every low-rank tensor, then the raw
-//                values of every other tensor;
+//                values M_i of every other tensor (written there directly);
 //   Q payload    Q_i (cols_i x r_i) of every low-rank tensor;
 //   state i      one resource variable per tensor: [e_i (n_i, only with the
 //                residual memory), Q_i (cols_i x r_i, only if low-rank)].
@@ -48,7 +49,7 @@ struct PowersgdTensor {
   int64_t rows = 0;        // the matrix view and its effective rank; 0 when not low-rank
   int64_t cols = 0;
   int64_t rank = 0;
-  int64_t m_offset = 0;    // in the compensated buffer
+  int64_t m_offset = 0;    // in the compensated buffer; 0 when not low-rank
   int64_t p_offset = 0;    // in the P payload: P_i, or the raw values
   int64_t q_offset = 0;    // in the Q payload
 };
@@ -68,9 +69,9 @@ class PowersgdGroupLayout {
         t.rows = t.size / t.cols;
         t.rank = std::min(rank, std::min(t.rows, t.cols));
       }
-      t.m_offset = compensated_size_;
-      compensated_size_ += t.size;
       if (t.low_rank) {
+        t.m_offset = compensated_size_;
+        compensated_size_ += t.size;
         t.p_offset = p_size_;
         p_size_ += t.rows * t.rank;
         t.q_offset = q_size_;

@@ -61,7 +61,8 @@ class GroupTables {
   GroupTables(const PowersgdGroupLayout& layout, bool residual, PinnedTables* tables)
       : layout_(layout), residual_(residual), tables_(tables) {
     const int64_t n = layout.num_tensors();
-    m_offsets_ = tables->Reserve(n + 1);
+    offsets_ = tables->Reserve(n + 1);
+    m_offsets_ = tables->Reserve(n);
     p_offsets_ = tables->Reserve(n);
     q_offsets_ = tables->Reserve(n + 1);
     cols_ = tables->Reserve(n);
@@ -77,10 +78,11 @@ class GroupTables {
             const std::vector<void*>& outputs, const LockedStateVariables* state) {
     const int64_t n = layout_.num_tensors();
     int64_t q_offset = 0;
+    tables_->host(offsets_)[0] = 0;
     for (int64_t i = 0; i < n; ++i) {
       const PowersgdTensor& t = layout_.tensor(i);
+      tables_->host(offsets_)[i + 1] = tables_->host(offsets_)[i] + t.size;
       tables_->host(m_offsets_)[i] = t.m_offset;
-      tables_->host(m_offsets_)[i + 1] = t.m_offset + t.size;
       tables_->host(p_offsets_)[i] = t.p_offset;
       // Not low-rank: an empty range where the next Q would start.
       tables_->host(q_offsets_)[i] = t.low_rank ? t.q_offset : q_offset;
@@ -104,8 +106,9 @@ class GroupTables {
     MergecompPowersgdGpuGroup group;
     group.num_tensors = layout_.num_tensors();
     group.residual = residual_ ? 1 : 0;
-    group.host_m_offsets = tables_->host(m_offsets_);
+    group.host_offsets = tables_->host(offsets_);
     group.host_q_size = layout_.q_payload_size();
+    group.offsets = tables_->device<const int64_t>(offsets_);
     group.m_offsets = tables_->device<const int64_t>(m_offsets_);
     group.p_offsets = tables_->device<const int64_t>(p_offsets_);
     group.q_offsets = tables_->device<const int64_t>(q_offsets_);
@@ -122,7 +125,7 @@ class GroupTables {
   const PowersgdGroupLayout& layout_;
   bool residual_;
   PinnedTables* tables_;
-  int64_t m_offsets_, p_offsets_, q_offsets_, cols_, ranks_, kinds_, gradients_, outputs_, state_;
+  int64_t offsets_, m_offsets_, p_offsets_, q_offsets_, cols_, ranks_, kinds_, gradients_, outputs_, state_;
   bool has_gradients_ = false, has_outputs_ = false, has_state_ = false;
 };
 
@@ -246,7 +249,7 @@ class PowersgdGroupQGpuOp : public PowersgdKernel<PowersgdShapesAttrs> {
     OP_REQUIRES_OK(context, PowersgdQInputsAndOutputs(context, layout, &p_tensor, &q_tensor));
     float* p = p_tensor->flat<float>().data();
     const cudaStream_t stream = StreamOf(context);
-    if (layout.p_payload_size() > 0) {
+    if (layout.p_payload_size() > 0 && p != p_mean.flat<float>().data()) {
       const cudaError_t copied =
           cudaMemcpyAsync(p, p_mean.flat<float>().data(), sizeof(float) * layout.p_payload_size(),
                           cudaMemcpyDeviceToDevice, stream);

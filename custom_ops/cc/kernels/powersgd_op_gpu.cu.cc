@@ -54,19 +54,22 @@ __global__ void GroupedMatmulKernel(MergecompGpuMatrices tables, int64_t total, 
 // Where tensor i's Q starts in its state variable.
 __device__ __forceinline__ int64_t QStateOffset(const MergecompPowersgdGpuGroup& group,
                                                 int64_t i) {
-  return group.residual ? group.m_offsets[i + 1] - group.m_offsets[i] : 0;
+  return group.residual ? group.offsets[i + 1] - group.offsets[i] : 0;
 }
 
 __global__ void CompensateKernel(MergecompPowersgdGpuGroup group, int64_t total, float* m,
                                  float* p) {
   gpu::SegmentCursor tensor;
   gpu::ForEachIndex(total, [&](int64_t e) {
-    tensor.Seek(group.m_offsets, group.num_tensors, e);
+    tensor.Seek(group.offsets, group.num_tensors, e);
     const int64_t i = tensor.t, j = e - tensor.begin;
     float value = gpu::LoadAsFloat(static_cast<int>(group.kinds[i]), group.gradients[i], j);
     if (group.residual) value = __fadd_rn(value, group.state[i][j]);
-    m[e] = value;
-    if (group.ranks[i] == 0) p[group.p_offsets[i] + j] = value;
+    if (group.ranks[i] > 0) {
+      m[group.m_offsets[i] + j] = value;
+    } else {
+      p[group.p_offsets[i] + j] = value;
+    }
   });
 }
 
@@ -86,7 +89,7 @@ __global__ void OrthonormalizeKernel(MergecompPowersgdGpuGroup group, float* p) 
   for (int64_t i = blockIdx.x; i < group.num_tensors; i += gridDim.x) {
     const int64_t rank = group.ranks[i];
     if (rank == 0) continue;  // the same for the whole block
-    const int64_t rows = (group.m_offsets[i + 1] - group.m_offsets[i]) / group.cols[i];
+    const int64_t rows = (group.offsets[i + 1] - group.offsets[i]) / group.cols[i];
     float* matrix = p + group.p_offsets[i];
     for (int64_t j = 0; j < rank; ++j) {
       for (int pass = 0; pass < 2; ++pass) {
@@ -126,7 +129,7 @@ __device__ __forceinline__ bool IsFiniteFloat(float value) {
 __global__ void NonfiniteKernel(MergecompPowersgdGpuGroup group, const float* p,
                                 const float* q_mean, int32_t* nonfinite) {
   for (int64_t i = blockIdx.x; i < group.num_tensors; i += gridDim.x) {
-    const int64_t size = group.m_offsets[i + 1] - group.m_offsets[i];
+    const int64_t size = group.offsets[i + 1] - group.offsets[i];
     const int64_t rank = group.ranks[i];
     const int64_t p_size = rank > 0 ? size / group.cols[i] * rank : size;
     const float* p_i = p + group.p_offsets[i];
@@ -158,7 +161,7 @@ __global__ void FinishKernel(MergecompPowersgdGpuGroup group, int64_t total, con
                              const int32_t* nonfinite) {
   gpu::SegmentCursor tensor;
   gpu::ForEachIndex(total, [&](int64_t e) {
-    tensor.Seek(group.m_offsets, group.num_tensors, e);
+    tensor.Seek(group.offsets, group.num_tensors, e);
     const int64_t i = tensor.t, j = e - tensor.begin;
     const int kind = static_cast<int>(group.kinds[i]);
     if (nonfinite[i]) {
@@ -175,12 +178,12 @@ __global__ void FinishKernel(MergecompPowersgdGpuGroup group, int64_t total, con
                           RankDot(p_row, q_mean + group.q_offsets[i] + col * rank, rank));
       if (residual != nullptr) {
         const float sent = RankDot(p_row, q_local + group.q_offsets[i] + col * rank, rank);
-        residual[j] = __fsub_rn(m[e], sent);
+        residual[j] = __fsub_rn(m[group.m_offsets[i] + j], sent);
       }
     } else {
       gpu::StoreFromFloat(kind, group.outputs[i], j, p[group.p_offsets[i] + j]);
-      // What was sent is M itself.
-      if (residual != nullptr) residual[j] = __fsub_rn(m[e], m[e]);
+      // What was sent is M itself: M - M is +0 (M was finite, as its average is).
+      if (residual != nullptr) residual[j] = 0.0f;
     }
   });
 }
@@ -198,12 +201,12 @@ __global__ void UpdateQKernel(MergecompPowersgdGpuGroup group, const float* q_me
 }
 
 bool ValidGroup(const MergecompPowersgdGpuGroup* group) {
-  if (group == nullptr || group->num_tensors < 0 || group->host_m_offsets == nullptr ||
-      group->host_m_offsets[0] != 0 || group->host_q_size < 0) {
+  if (group == nullptr || group->num_tensors < 0 || group->host_offsets == nullptr ||
+      group->host_offsets[0] != 0 || group->host_q_size < 0) {
     return false;
   }
   for (int64_t i = 0; i < group->num_tensors; ++i) {
-    if (group->host_m_offsets[i + 1] < group->host_m_offsets[i]) return false;
+    if (group->host_offsets[i + 1] < group->host_offsets[i]) return false;
   }
   return true;
 }
@@ -236,7 +239,7 @@ extern "C" int mergecomp_powersgd_compensate_gpu(const MergecompPowersgdGpuGroup
                                                  float* compensated, float* p, void* stream) {
   using namespace tf_mergecomp;  // NOLINT
   if (!ValidGroup(group)) return MERGECOMP_GPU_BAD_ARGUMENT;
-  const int64_t total = group->host_m_offsets[group->num_tensors];
+  const int64_t total = group->host_offsets[group->num_tensors];
   if (total > 0 && (group->gradients == nullptr || (group->residual && group->state == nullptr))) {
     return MERGECOMP_GPU_BAD_ARGUMENT;
   }
@@ -270,7 +273,7 @@ extern "C" int mergecomp_powersgd_finish_gpu(const MergecompPowersgdGpuGroup* gr
   if (!ValidGroup(group)) return MERGECOMP_GPU_BAD_ARGUMENT;
   const int64_t n = group->num_tensors;
   if (n == 0) return 0;
-  const int64_t total = group->host_m_offsets[n];
+  const int64_t total = group->host_offsets[n];
   if ((total > 0 && group->outputs == nullptr) ||
       (((group->residual && total > 0) || group->host_q_size > 0) && group->state == nullptr)) {
     return MERGECOMP_GPU_BAD_ARGUMENT;

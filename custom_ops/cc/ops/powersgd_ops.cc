@@ -99,7 +99,8 @@ state: one float32 resource variable per tensor, [e_i (residual only),
   Q_i (cols_i x r_i, tensors of rank >= 2 only)]; none when all are empty.
 p: every P_i (rows_i x r_i, row-major), then the raw M values of the other
   tensors; the payload of the first allreduce.
-compensated: every M_i, flat, for MergecompPowersgdGroupQ and Finish.
+compensated: M_i of every low-rank tensor, flat, for MergecompPowersgdGroupQ and
+  Finish (the other tensors' M_i are their raw values in p).
 )doc");
 
 REGISTER_OP("MergecompPowersgdGroupQ")
