@@ -119,6 +119,9 @@ def _ops_options(ops):
     ops.add_argument("--tensor-counts", type=_csv(_positive(int)), default=[16, 48, 128, 700],
                      help="also time one group against layer-wise at these tensor counts of mixed "
                           "sizes, every algorithm (default 16,48,128,700; '' skips)")
+    ops.add_argument("--matrix-columns", type=int, default=0,
+                     help="the --tensor-counts tensors as matrices of this many columns (what "
+                          "PowerSGD compresses; default 0: vectors, which it sends as they are)")
     ops.add_argument("--out", default=None, help="also write ops.md and ops.json into this folder")
 
 
@@ -413,7 +416,8 @@ def main(argv=None):
         from benchmarks import ops
 
         result = ops.run(args.sizes, args.algorithms, budget_s=args.budget,
-                         group_tensors=args.group_tensors, tensor_counts=args.tensor_counts)
+                         group_tensors=args.group_tensors, tensor_counts=args.tensor_counts,
+                         matrix_columns=args.matrix_columns)
         _report(ops.table(result), result, args.out, "ops")
         return 0
     if args.command == "exchange":

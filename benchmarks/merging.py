@@ -12,6 +12,7 @@ slots of at least ``slot_s``, the order alternating between rounds; each
 row gives the medians and the range of the per-round ratios (the run's spread).
 """
 
+import math
 import statistics
 import time
 
@@ -25,6 +26,16 @@ def tensor_sizes(count):
     """Float32 element counts of ``count`` mixed-size tensors (deterministic)."""
     mean = MEAN_BYTES.get(count, 250_000) / 4
     return [max(1, int(mean * _SPREAD[i % len(_SPREAD)])) for i in range(count)]
+
+
+def tensor_shapes(count, matrix_columns=0):
+    """The shapes of ``count`` mixed-size tensors: vectors, or (with ``matrix_columns``)
+    matrices of that many columns and about the vectors' sizes."""
+    if matrix_columns < 0:
+        raise ValueError("matrix_columns must be >= 0 (0: vectors), got %r" % (matrix_columns,))
+    if not matrix_columns:
+        return [[n] for n in tensor_sizes(count)]
+    return [[max(1, n // matrix_columns), matrix_columns] for n in tensor_sizes(count)]
 
 
 def _reduce_functions(name, grads):
@@ -60,13 +71,14 @@ def _slot_seconds(fn, args, slot_s):
             return elapsed / calls
 
 
-def compare(name, count, rounds=9, slot_s=0.05):
+def compare(name, count, rounds=9, slot_s=0.05, matrix_columns=0):
     """{'one_group_s', 'layer_wise_s', 'ratio', 'ratio_min', 'ratio_max'} or {'error'}."""
     import tensorflow as tf
 
+    shapes = tensor_shapes(count, matrix_columns)
     try:
         generator = tf.random.Generator.from_seed(1)
-        grads = [generator.normal([n]) for n in tensor_sizes(count)]
+        grads = [generator.normal(shape) for shape in shapes]
         functions = _reduce_functions(name, grads)
         for fn in functions.values():  # trace and warm up
             for _ in range(3):
@@ -84,12 +96,15 @@ def compare(name, count, rounds=9, slot_s=0.05):
             "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
-def run(algorithms, counts=TENSOR_COUNTS, rounds=9, log=print):
+def run(algorithms, counts=TENSOR_COUNTS, rounds=9, matrix_columns=0, log=print):
     rows = []
     for count in counts:
+        shapes = tensor_shapes(count, matrix_columns)
+        megabytes = 4 * sum(math.prod(shape) for shape in shapes) / 1e6
         for name in algorithms:
-            row = dict(algorithm=name, tensors=count, megabytes=4 * sum(tensor_sizes(count)) / 1e6,
-                       **compare(name, count, rounds=rounds))
+            row = dict(algorithm=name, tensors=count, megabytes=megabytes,
+                       matrix_columns=matrix_columns,
+                       **compare(name, count, rounds=rounds, matrix_columns=matrix_columns))
             log("[ops] %d tensors %s: %s" % (count, name, "error" if "error" in row
                                               else "one group / layer-wise %.3f" % row["ratio"]))
             rows.append(row)
@@ -108,7 +123,10 @@ def table(rows):
         lines.append([row["algorithm"], row["tensors"], "%.1f" % row["megabytes"],
                       "%.3f" % (row["one_group_s"] * 1e3), "%.3f" % (row["layer_wise_s"] * 1e3),
                       "%.3f" % row["ratio"], "%.2f-%.2f" % (row["ratio_min"], row["ratio_max"])])
+    columns = rows[0].get("matrix_columns", 0) if rows else 0
+    shapes = "matrices of %d columns" % columns if columns else "vectors"
     return ("One group against layer-wise, one rank (engine reduce_group, identity collectives; "
-            "medians of interleaved slots, per-round ratio range = the run's spread):\n\n"
+            "tensors as %s; medians of interleaved slots, per-round ratio range = the run's "
+            "spread):\n\n" % shapes
             + report.markdown_table(["algorithm", "tensors", "MB", "one group ms", "layer-wise ms",
                                      "one/layer-wise", "per-round range"], lines))

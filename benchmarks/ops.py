@@ -203,7 +203,8 @@ def measure_codec(name, backend, flat, budget_s=10.0):
             "payload_bytes": int(payload.shape[0]) * payload.dtype.size}
 
 
-def run(sizes, algorithms, budget_s=10.0, group_tensors=64, tensor_counts=(), log=print):
+def run(sizes, algorithms, budget_s=10.0, group_tensors=64, tensor_counts=(), matrix_columns=0,
+        log=print):
     """Returns a result dict: copy bandwidth, per-(algorithm, size) measurements, baselines,
     and one group against layer-wise at each of ``tensor_counts`` (benchmarks/merging.py)."""
     import tensorflow as tf
@@ -232,7 +233,8 @@ def run(sizes, algorithms, budget_s=10.0, group_tensors=64, tensor_counts=(), lo
     if tensor_counts:
         from benchmarks import merging
 
-        result["merging"] = merging.run(algorithms, tensor_counts, log=log)
+        result["merging"] = merging.run(algorithms, tensor_counts, matrix_columns=matrix_columns,
+                                        log=log)
     result["seconds"] = time.time() - started
     return result
 

@@ -507,6 +507,23 @@ def test_one_group_against_layer_wise_in_the_ops_report():
     assert row["ratio_min"] <= row["ratio"] * 1.0001 and row["ratio"] <= row["ratio_max"] * 1.0001
     text = ops.table(result)
     assert "One group against layer-wise" in text and "| efsignsgd | 3 |" in text
+    assert "tensors as vectors" in text
+
+
+def test_one_group_against_layer_wise_with_matrices():
+    from benchmarks import merging
+
+    shapes = merging.tensor_shapes(16, matrix_columns=64)
+    assert all(len(s) == 2 and s[1] == 64 for s in shapes)
+    assert [s[0] * 64 for s in shapes] == [n // 64 * 64 for n in merging.tensor_sizes(16)]
+    with pytest.raises(ValueError, match="matrix_columns"):
+        merging.tensor_shapes(16, matrix_columns=-1)
+    # PowerSGD's low-rank path, both ways.
+    result = ops.run([10_000], ["powersgd"], budget_s=0.5, group_tensors=0, tensor_counts=[3],
+                     matrix_columns=8, log=lambda *_: None)
+    [row] = result["merging"]
+    assert "error" not in row and row["matrix_columns"] == 8, row
+    assert "tensors as matrices of 8 columns" in ops.table(result)
 
 
 # ---- network namespaces (root + iproute2 only) -------------------------------------
