@@ -173,8 +173,9 @@ class PowersgdGpuGroup(ctypes.Structure):
     _fields_ = [("num_tensors", ctypes.c_int64), ("residual", ctypes.c_int32),
                 ("host_offsets", ctypes.POINTER(ctypes.c_int64)),
                 ("host_q_size", ctypes.c_int64)] + [
-        (name, ctypes.c_void_p) for name in ("offsets", "m_offsets", "p_offsets", "q_offsets", "cols",
-                                             "ranks", "kinds", "gradients", "outputs", "state")]
+        (name, ctypes.c_void_p) for name in ("offsets", "m_offsets", "p_offsets", "q_offsets",
+                                             "cols", "ranks", "kinds", "gradients", "outputs",
+                                             "state")]
 
 
 # Gradient dtypes as the PowerSGD launchers' kinds (0: float32; else MERGECOMP_CAST_*).

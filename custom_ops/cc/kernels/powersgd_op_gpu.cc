@@ -125,7 +125,8 @@ class GroupTables {
   const PowersgdGroupLayout& layout_;
   bool residual_;
   PinnedTables* tables_;
-  int64_t offsets_, m_offsets_, p_offsets_, q_offsets_, cols_, ranks_, kinds_, gradients_, outputs_, state_;
+  int64_t offsets_, m_offsets_, p_offsets_, q_offsets_, cols_, ranks_, kinds_;
+  int64_t gradients_, outputs_, state_;
   bool has_gradients_ = false, has_outputs_ = false, has_state_ = false;
 };
 
