@@ -259,3 +259,16 @@ def test_the_search_chooses_a_level_per_group_on_two_by_two(tmp_path):
         assert r["steps_aside"] or set(r["group_codecs"]) <= allowed, r
     assert "alone with efsignsgd/two-level" in output
     assert "alone with none/two-level" in output
+
+
+def test_runs_two_levels_names_the_groups_with_three_more_collectives():
+    # The search's check of the collectives a step ran counts a two-level group's
+    # reduce-scatter and allgather: it asks MergeComp which groups run on two levels.
+    mc = MergeComp("efsignsgd", partitions=2)
+    assert not mc.runs_two_levels("efsignsgd/two-level")  # one machine: flat
+    mc._two_level = object()  # as _connect_levels sets it on machines of several ranks
+    assert mc.runs_two_levels("efsignsgd/two-level") and mc.runs_two_levels("none/two-level")
+    assert not mc.runs_two_levels("efsignsgd") and not mc.runs_two_levels("none")
+    forced = MergeComp("efsignsgd", partitions=2, hierarchical=True)
+    forced._two_level = object()
+    assert forced.runs_two_levels("efsignsgd")

@@ -163,10 +163,16 @@ class TwoLevelGroups:
         self._level_sets = None
         self._two_level = None
 
+    def runs_two_levels(self, codec_name):
+        """Whether a group of ``codec_name`` is reduced on two levels in this world
+        (three collectives around the codec's own: reduce-scatter, exchange, allgather)."""
+        return self._two_level is not None and (bool(self.hierarchical)
+                                                or split_level(codec_name)[1])
+
     def _reduce_group_in_levels(self, index, start, grads, state_vars, step, communicator,
                                 codec_name):
-        codec_name, asks_two = split_level(codec_name)
-        two = self._two_level is not None and (bool(self.hierarchical) or asks_two)
+        two = self.runs_two_levels(codec_name)
+        codec_name, _ = split_level(codec_name)
         pieces = list(self._piece_state or [])[start:start + len(grads)]
         clear = None
         if self._two_level is not None and self.hierarchical is None and self._piece_state:

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tf_mergecomp import communication
 from tf_mergecomp import grouping
+from tf_mergecomp import levels
 from tf_mergecomp.search import algorithm as search_core
 from tf_mergecomp.search import requests as search_requests
 from tf_mergecomp.search import recorder
@@ -444,7 +445,10 @@ class PartitionSearchDriver:
             expected = 0  # Horovod's own collectives: MergeComp counts only its own
         else:
             compressor = self.compression.compressor
-            expected = sum(compressor.collectives_per_group() if name == compressor.name else 1
+            # A two-level group adds a reduce-scatter and an allgather inside the machine.
+            expected = sum((compressor.collectives_per_group()
+                            if levels.split_level(name)[0] == compressor.name else 1)
+                           + (2 if self.compression.runs_two_levels(name) else 0)
                            for name in self.compression.group_codecs)
         if collectives != expected:
             raise RuntimeError(
