@@ -354,10 +354,12 @@ class PartitionSearchAlgorithm:
     def _best_assignment(self, layout, tail):
         """(codec names per group, predicted seconds) of ``layout``'s fastest
         codec assignment under the model; fewer codec changes on a tie."""
-        bounds = np.array(_groups(layout, self.num_tensors))
+        def cheapest():
+            bounds = np.array(_groups(layout, self.num_tensors))
+            return self.model.costs.choices(bounds[:, 0], bounds[:, 1])
+
         chosen, seconds = best_assignment(
-            layout, self._costs_by_codec, lambda costs: self._model(costs, tail),
-            self.model.costs.choices(bounds[:, 0], bounds[:, 1]))
+            layout, self._costs_by_codec, lambda costs: self._model(costs, tail), cheapest)
         return tuple(self.codecs[i] for i in chosen), seconds
 
     def _best_per_group_count(self):

@@ -96,8 +96,8 @@ def best_assignment(layout, costs_by_codec, model_of, cheapest):
     assignment; fewer codecs other than the first on a tie.
 
     ``costs_by_codec``: one cost function per codec; ``model_of(costs)``: the
-    StepTimeModel of an ``AssignedCodecCosts``; ``cheapest``: each group's
-    cheapest codec on its own. Up to ``ASSIGNMENTS_LIMIT`` assignments every
+    StepTimeModel of an ``AssignedCodecCosts``; ``cheapest()``: each group's
+    cheapest codec on its own (asked only past the limit). Up to ``ASSIGNMENTS_LIMIT`` assignments every
     one; past it, from the best of ``cheapest`` and of each codec everywhere,
     one group at a time tries every codec, sweeping until no change gains.
     """
@@ -114,7 +114,7 @@ def best_assignment(layout, costs_by_codec, model_of, cheapest):
                                dtype=np.int64).reshape(-1, groups)
         times = times_of(assignments)
     else:
-        starts = np.vstack([np.asarray(cheapest, dtype=np.int64)[None],
+        starts = np.vstack([np.asarray(cheapest(), dtype=np.int64)[None],
                             np.repeat(np.arange(codecs)[:, None], groups, axis=1)])
         times = times_of(starts)
         current, best = starts[int(np.argmin(times))], float(times.min())
