@@ -10,6 +10,13 @@ collectives (encode, decode, state update) in one ``tf.function``: one call
 over all tensors, or one call per tensor. The two are timed round-robin, in
 slots of at least ``slot_s``, the order alternating between rounds; each
 row gives the medians and the range of the per-round ratios (the run's spread).
+
+A third function in the same rounds takes the same tensors and returns a copy
+of each, with no codec: the cost of calling a ``tf.function`` with that many
+arguments and results, which both ways pay alike (at 700 tensors it is most
+of a call on these machines, and its noise then decides the raw ratio). The
+net ratio is the per-round (one group - call) / (layer-wise - call): what
+merging changes in the work itself.
 """
 
 import math
@@ -58,7 +65,11 @@ def _reduce_functions(name, grads):
         return [mergecomp.reduce_group([t], communicator, step, start=i, index=i)[0][0]
                 for i, t in enumerate(tensors)]
 
-    return {"one_group": one_group, "layer_wise": layer_wise}
+    @tf.function
+    def call_only(tensors):
+        return [tf.identity(t) for t in tensors]
+
+    return {"one_group": one_group, "layer_wise": layer_wise, "call_only": call_only}
 
 
 def _slot_seconds(fn, args, slot_s):
@@ -72,7 +83,8 @@ def _slot_seconds(fn, args, slot_s):
 
 
 def compare(name, count, rounds=9, slot_s=0.05, matrix_columns=0):
-    """{'one_group_s', 'layer_wise_s', 'ratio', 'ratio_min', 'ratio_max'} or {'error'}."""
+    """{'one_group_s', 'layer_wise_s', 'call_s', 'ratio', 'ratio_min', 'ratio_max',
+    'net_ratio', 'net_ratio_min', 'net_ratio_max'} or {'error'}."""
     import tensorflow as tf
 
     shapes = tensor_shapes(count, matrix_columns)
@@ -91,9 +103,15 @@ def compare(name, count, rounds=9, slot_s=0.05, matrix_columns=0):
     except Exception as error:
         return {"error": "%s: %s" % (type(error).__name__, str(error).splitlines()[0][:120])}
     ratios = [a / b for a, b in zip(times["one_group"], times["layer_wise"])]
+    net_ratios = [(a - c) / (b - c) for a, b, c in
+                  zip(times["one_group"], times["layer_wise"], times["call_only"]) if b > c]
     one, layer = statistics.median(times["one_group"]), statistics.median(times["layer_wise"])
-    return {"one_group_s": one, "layer_wise_s": layer, "ratio": one / layer,
-            "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    row = {"one_group_s": one, "layer_wise_s": layer, "call_s": statistics.median(times["call_only"]),
+           "ratio": one / layer, "ratio_min": min(ratios), "ratio_max": max(ratios)}
+    if net_ratios:
+        row.update(net_ratio=statistics.median(net_ratios), net_ratio_min=min(net_ratios),
+                   net_ratio_max=max(net_ratios))
+    return row
 
 
 def run(algorithms, counts=TENSOR_COUNTS, rounds=9, matrix_columns=0, log=print):
@@ -105,10 +123,15 @@ def run(algorithms, counts=TENSOR_COUNTS, rounds=9, matrix_columns=0, log=print)
             row = dict(algorithm=name, tensors=count, megabytes=megabytes,
                        matrix_columns=matrix_columns,
                        **compare(name, count, rounds=rounds, matrix_columns=matrix_columns))
-            log("[ops] %d tensors %s: %s" % (count, name, "error" if "error" in row
-                                              else "one group / layer-wise %.3f" % row["ratio"]))
+            log("[ops] %d tensors %s: %s" % (count, name, "error" if "error" in row else
+                                              "one group / layer-wise %.3f, net of the call %s"
+                                              % (row["ratio"], _net_text(row))))
             rows.append(row)
     return rows
+
+
+def _net_text(row):
+    return "%.3f" % row["net_ratio"] if "net_ratio" in row else "-"
 
 
 def table(rows):
@@ -118,15 +141,20 @@ def table(rows):
     for row in rows:
         if "error" in row:
             lines.append([row["algorithm"], row["tensors"], "%.1f" % row["megabytes"], "-", "-", "-",
-                          row["error"]])
+                          row["error"], "-", "-", "-"])
             continue
+        net_range = ("%.2f-%.2f" % (row["net_ratio_min"], row["net_ratio_max"])
+                     if "net_ratio" in row else "-")
         lines.append([row["algorithm"], row["tensors"], "%.1f" % row["megabytes"],
                       "%.3f" % (row["one_group_s"] * 1e3), "%.3f" % (row["layer_wise_s"] * 1e3),
-                      "%.3f" % row["ratio"], "%.2f-%.2f" % (row["ratio_min"], row["ratio_max"])])
+                      "%.3f" % row["ratio"], "%.2f-%.2f" % (row["ratio_min"], row["ratio_max"]),
+                      "%.3f" % (row["call_s"] * 1e3), _net_text(row), net_range])
     columns = rows[0].get("matrix_columns", 0) if rows else 0
     shapes = "matrices of %d columns" % columns if columns else "vectors"
     return ("One group against layer-wise, one rank (engine reduce_group, identity collectives; "
             "tensors as %s; medians of interleaved slots, per-round ratio range = the run's "
-            "spread):\n\n" % shapes
+            "spread; call = the same tensors through a tf.function that only copies them, "
+            "net = per-round (one group - call) / (layer-wise - call)):\n\n" % shapes
             + report.markdown_table(["algorithm", "tensors", "MB", "one group ms", "layer-wise ms",
-                                     "one/layer-wise", "per-round range"], lines))
+                                     "one/layer-wise", "per-round range", "call ms", "net one/layer-wise",
+                                     "net per-round range"], lines))

@@ -505,8 +505,12 @@ def test_one_group_against_layer_wise_in_the_ops_report():
     assert row["tensors"] == 3 and "error" not in row, row
     assert row["one_group_s"] > 0 and row["layer_wise_s"] > 0
     assert row["ratio_min"] <= row["ratio"] * 1.0001 and row["ratio"] <= row["ratio_max"] * 1.0001
+    assert 0 < row["call_s"] < row["layer_wise_s"]
+    if "net_ratio" in row:  # absent only where no round's layer-wise beat the bare call
+        assert row["net_ratio_min"] <= row["net_ratio"] <= row["net_ratio_max"]
     text = ops.table(result)
     assert "One group against layer-wise" in text and "| efsignsgd | 3 |" in text
+    assert "net one/layer-wise" in text
     assert "tensors as vectors" in text
 
 
