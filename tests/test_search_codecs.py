@@ -20,7 +20,7 @@ import pytest
 from tests.test_search import SyntheticSystem
 from tf_mergecomp.grouping import balanced_splits, fusion_splits, layerwise_splits
 from tf_mergecomp.search import step_model
-from tf_mergecomp.search.algorithm import PartitionSearchAlgorithm
+from tf_mergecomp.search.algorithm import FUSION_TIE, PartitionSearchAlgorithm
 from tf_mergecomp.search.summary import short
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, ProfileResult
 from tf_mergecomp.search.run import run_search
@@ -256,6 +256,23 @@ def test_the_fusion_layout_is_a_finalist_with_the_models_codecs_and_no_more_trac
     # one codec only: no fusion layout (the option is for per-group codecs)
     plain = PartitionSearchAlgorithm(sizes, codecs=None, fusion=(0.01, 1e6))
     assert plain.fusion is not None and plain.fusion_layout is None
+
+
+@pytest.mark.parametrize("fusion_over_weakest, replaces", [
+    (0.95, True), (1.0, True), (1.0 + FUSION_TIE, True), (1.0 + 2 * FUSION_TIE, False)])
+def test_the_fusion_layout_replaces_the_weakest_finalist_when_faster_or_tied(fusion_over_weakest,
+                                                                             replaces):
+    algorithm = PartitionSearchAlgorithm([1.0] * 12, max_groups=4, finalists=3, codecs=CODECS,
+                                         fusion=(CYCLE_S, 1e6))
+    # Predictions: one layout per group count (2, 3, 4 groups), and Horovod's cut (6 groups).
+    best = {(6,): 1.00, (4, 8): 1.01, (3, 6, 9): 1.02}
+    fusion = (2, 4, 6, 8, 10)
+    algorithm.predictions = {**best, (): 1.10, layerwise_splits(12): 1.30,
+                             fusion: best[(3, 6, 9)] * fusion_over_weakest}
+    algorithm.fusion_layout = fusion
+    finalists = algorithm._choose_finalists()
+    assert len(finalists) == 3 and (fusion in finalists) == replaces
+    assert set(finalists) == {(6,), (4, 8), fusion if replaces else (3, 6, 9)}
 
 
 @pytest.mark.parametrize("fusion", [(-1.0, 1e6), (1e-3, -1), (float("nan"), 1e6), (1e-3,), "1ms"])
