@@ -64,10 +64,6 @@ def resolve_group_codecs(spec, groups, choices):
     return tuple(spec)
 
 
-def plain_group_count(group_codecs, compressor_name):
-    return sum(1 for name in group_codecs if name != compressor_name)
-
-
 class StateFlush:
     """The state of one plain group's tensors around its collective.
 

@@ -56,10 +56,6 @@ from tf_mergecomp.grouping import balanced_splits, check_fusion, fusion_splits, 
 FINALIST_SPACING = 0.03
 # Layouts ranked per group count, from which the finalists are chosen.
 RANKED_PER_GROUP_COUNT = 16
-# The fusion layout (Horovod's own cut) replaces the weakest finalist when its
-# prediction is at most this much slower: layouts that close are a tie to the
-# model, and the cut unlike the searched ones is the one worth measuring.
-FUSION_TIE = 0.03
 
 
 class PartitionSearchAlgorithm:
@@ -395,11 +391,10 @@ class PartitionSearchAlgorithm:
         fusion = self.fusion_layout
         if fusion is not None and fusion not in chosen and fusion not in sentinels \
                 and self.finalists:
-            # In place of the weakest finalist where predicted faster or tied
-            # with it (FUSION_TIE): no more traces.
+            # In place of the weakest finalist where predicted faster: no more traces.
             if len(chosen) < self.finalists:
                 chosen.append(fusion)
-            elif self.predictions[fusion] <= self.predictions[chosen[-1]] * (1.0 + FUSION_TIE):
+            elif self.predictions[fusion] < self.predictions[chosen[-1]]:
                 chosen[-1] = fusion
         return sorted(chosen, key=lambda l: self.predictions[l])
 
