@@ -305,6 +305,10 @@ def _parity_options(parity):
     parity.add_argument("--epochs", type=int, default=8)
     parity.add_argument("--seed", type=int, default=None,
                         help="the initial weights' and the shuffling's seed (default 42)")
+    parity.add_argument("--seeds", type=_csv(int), default=None,
+                        help="comma-separated seeds: one run each (under OUT/seed-N), then each "
+                             "codec's difference over the seeds, its mean and 95%% interval "
+                             "(OUT/parity_seeds.md)")
     parity.add_argument("--np", type=int, default=2, dest="num_proc")
     parity.add_argument("--ranks-per-machine", type=int, default=1,
                         help="N >= 2 (with --np 2N): two machines of N ranks on this one "

@@ -203,9 +203,10 @@ def _header(output, epochs, seed):
                                                         output["size"] // machines))
     return ("Digits CNN, %s, %d epochs, batch 32 per worker, plain SGD "
             "(lr %g x W; dgc %g x W, its memory adds momentum 0.9; %g x W for %s); "
-            "seed %d; test accuracy on 360 images.\n\n"
+            "%s; test accuracy on 360 images.\n\n"
             % (workers, epochs, LEARNING_RATE, DGC_LEARNING_RATE, SIGN_LEARNING_RATE,
-               "/".join(SIGN_CODECS), seed))
+               "/".join(SIGN_CODECS), "seed %d" % seed if isinstance(seed, int)
+               else "seeds " + ", ".join(map(str, seed))))
 
 
 def two_level_verdict(two_level, flat):
@@ -280,7 +281,95 @@ def machines_hosts(num_proc, ranks_per_machine):
     return "localhost:%d,127.0.0.1:%d" % (ranks_per_machine, ranks_per_machine)
 
 
+def paired_differences(outputs, two_level):
+    """{algorithm: [points per run]} of the compared config minus its baseline (two
+    levels - flat, or searched - single-codec search), for the algorithms that
+    finished both configs in every run of ``outputs``."""
+    first, second = TWO_LEVEL_MODES if two_level else MODES[2:0:-1]
+    differences = {}
+    for output in outputs:
+        by_label = {r["label"]: r for r in output.get("results", [])}
+        for algorithm in _algorithms_of(output.get("results", [])):
+            verdict = accuracy_verdict(by_label.get("%s %s" % (algorithm, second), {}),
+                                       by_label.get("%s %s" % (algorithm, first), {}), 0.0)
+            differences.setdefault(algorithm, []).append(
+                None if verdict is None else verdict[0])
+    return {a: d for a, d in differences.items()
+            if len(d) == len(outputs) and None not in d}
+
+
+def interval_verdict(points, tolerance):
+    """(mean, half-width of its 95% t-interval, verdict) of paired differences in
+    points: "met" when the whole interval is above -tolerance, "missed" when it is
+    wholly below, else "not resolved" (more runs needed)."""
+    from scipy import stats
+
+    values = [float(p) for p in points]
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("inf"), "not resolved"
+    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
+    if mean - half >= -tolerance:
+        return mean, half, "met"
+    return mean, half, "missed" if mean + half < -tolerance else "not resolved"
+
+
+def seeds_table(outputs, seeds, epochs, two_level):
+    """Every seed's difference, their mean and its 95% interval, per algorithm."""
+    tolerance = TWO_LEVEL_TOLERANCE if two_level else PLAIN_GROUPS_TOLERANCE
+    what = "two levels - flat" if two_level else "searched - single-codec search"
+    rows, counts = [], {}
+    for algorithm, points in paired_differences(outputs, two_level).items():
+        mean, half, verdict = interval_verdict(points, tolerance)
+        counts[verdict] = counts.get(verdict, 0) + 1
+        rows.append([algorithm, " / ".join("%+.1f" % p for p in points),
+                     "%+.2f +- %.2f" % (mean, half), verdict])
+    fp32 = [{r["label"]: r for r in o.get("results", [])}.get("horovod fp32", {}).get("accuracy")
+            for o in outputs]
+    identical = all(r.get("ranks_identical") for o in outputs for r in o.get("results", [])
+                    if r.get("ok"))
+    header = (_header(outputs[0], epochs, seeds) + "Horovod fp32 per seed: %s. %s (points), per seed in that order; the mean's "
+              "95%% t-interval over the seeds; \"met\" when the whole interval is above -%s, "
+              "\"missed\" when wholly below, else \"not resolved\". Ranks identical in every "
+              "finished config of every seed: %s.\n\n"
+              % (" / ".join("-" if a is None else "%.3f" % a for a in fp32), what, tolerance,
+                 "yes" if identical else "NO"))
+    footer = "\n\n" + ", ".join("%s: %d" % (k, counts[k]) for k in
+                                 ("met", "not resolved", "missed") if k in counts) + \
+        " (of %d codecs)." % len(rows)
+    return header + report.markdown_table(
+        ["codec", "%s per seed" % what, "mean +- 95%", "verdict"], rows) + footer
+
+
+def run_seeds(args):
+    """``run`` once per seed of ``args.seeds`` (under OUT/seed-N), then the paired
+    differences over the seeds in OUT/parity_seeds.md."""
+    import copy
+
+    outputs = []
+    for seed in args.seeds:
+        one = copy.copy(args)
+        one.seed, one.seeds, one.out = seed, None, os.path.join(args.out, "seed-%d" % seed)
+        run(one)
+        try:
+            with open(os.path.join(one.out, "parity.json")) as f:
+                outputs.append(json.load(f))
+        except (OSError, ValueError):
+            outputs.append({"results": []})
+    two_level = getattr(args, "ranks_per_machine", 1) > 1
+    if two_level:
+        for output in outputs:
+            output["machines"] = 2
+    text = seeds_table(outputs, list(args.seeds), args.epochs, two_level)
+    with open(os.path.join(args.out, "parity_seeds.md"), "w") as f:
+        f.write(text + "\n")
+    return text
+
+
 def run(args):
+    if getattr(args, "seeds", None):
+        return run_seeds(args)
     ranks_per_machine = getattr(args, "ranks_per_machine", 1)
     hosts = machines_hosts(args.num_proc, ranks_per_machine)
     os.makedirs(args.out, exist_ok=True)

@@ -731,6 +731,43 @@ def test_parity_judges_the_per_group_choice_against_the_single_codec_search():
     assert parity.plain_groups_verdict({"accuracy": 0.9}, {}) is None
 
 
+def test_parity_over_seeds_gives_each_codecs_mean_difference_and_its_interval():
+    from benchmarks import parity
+
+    def output(flat, two_level):
+        results = [{"label": "horovod fp32", "ok": True, "accuracy": 0.97,
+                    "ranks_identical": True, "config": {"kind": "horovod"}}]
+        for algorithm, (a, b) in {"fp16": (flat, flat), "topk": (flat, two_level),
+                                  "qsgd": (flat, flat - 0.02)}.items():
+            for mode, accuracy in zip(parity.TWO_LEVEL_MODES, (a, b)):
+                results.append({"label": "%s %s" % (algorithm, mode), "ok": True,
+                                "accuracy": accuracy, "ranks_identical": True,
+                                "config": {"kind": "mergecomp", "algorithm": algorithm}})
+        return {"size": 4, "machines": 2, "results": results}
+
+    # topk: +1, -1, +1 points (mean +0.33, interval about +-2.9: not resolved);
+    # fp16: 0 every time (met); qsgd: -2 every time (missed).
+    outputs = [output(0.95, 0.96), output(0.96, 0.95), output(0.94, 0.95)]
+    differences = parity.paired_differences(outputs, two_level=True)
+    assert differences["fp16"] == [0.0] * 3
+    assert differences["topk"] == pytest.approx([1.0, -1.0, 1.0])
+    mean, half, verdict = parity.interval_verdict(differences["topk"], 0.5)
+    assert mean == pytest.approx(1 / 3) and half == pytest.approx(
+        4.302653 * (4 / 3) ** 0.5 / 3 ** 0.5, rel=1e-5) and verdict == "not resolved"
+    assert parity.interval_verdict([-0.1, 0.1, 0.0], 0.5)[2] == "met"
+    assert parity.interval_verdict([-2.0, -2.1, -1.9], 0.5)[2] == "missed"
+    assert parity.interval_verdict([3.0], 0.5)[2] == "not resolved"
+    text = parity.seeds_table(outputs, [42, 1, 2], 20, two_level=True)
+    assert "seeds 42, 1, 2;" in text and "Horovod fp32 per seed: 0.970 / 0.970 / 0.970" in text
+    assert "| fp16 | +0.0 / +0.0 / +0.0 | +0.00 +- 0.00 | met |" in text
+    assert "| qsgd | -2.0 / -2.0 / -2.0 | -2.00 +- 0.00 | missed |" in text
+    assert "met: 1, not resolved: 1, missed: 1 (of 3 codecs)" in text
+    # A codec missing from one seed's run is left out, not averaged over fewer seeds.
+    outputs[1]["results"] = [r for r in outputs[1]["results"] if not r["label"].startswith("topk")]
+    assert "topk" not in parity.paired_differences(outputs, two_level=True)
+    assert build_parser().parse_args(["parity", "--seeds", "42,1,2"]).seeds == [42, 1, 2]
+
+
 def test_exchange_sweep_sets_split_the_bytes_evenly():
     from benchmarks import exchange
 
