@@ -481,6 +481,10 @@ def main(argv=None):
         return 0
     from benchmarks import parity
 
+    if args.seed is not None and args.seeds:
+        print("error: give --seed (one run) or --seeds (one run per seed), not both",
+              file=sys.stderr)
+        return 2
     try:
         parity.machines_hosts(args.num_proc, args.ranks_per_machine)
     except ValueError as error:

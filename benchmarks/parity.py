@@ -329,7 +329,8 @@ def seeds_table(outputs, seeds, epochs, two_level):
             for o in outputs]
     identical = all(r.get("ranks_identical") for o in outputs for r in o.get("results", [])
                     if r.get("ok"))
-    header = (_header(outputs[0], epochs, seeds) + "Horovod fp32 per seed: %s. %s (points), per seed in that order; the mean's "
+    header = (_header(outputs[0], epochs, seeds)
+              + "Horovod fp32 per seed: %s. %s (points), per seed in that order; the mean's "
               "95%% t-interval over the seeds; \"met\" when the whole interval is above -%s, "
               "\"missed\" when wholly below, else \"not resolved\". Ranks identical in every "
               "finished config of every seed: %s.\n\n"

@@ -768,6 +768,13 @@ def test_parity_over_seeds_gives_each_codecs_mean_difference_and_its_interval():
     assert build_parser().parse_args(["parity", "--seeds", "42,1,2"]).seeds == [42, 1, 2]
 
 
+def test_parity_refuses_one_seed_and_several_together(tmp_path, capsys):
+    from benchmarks.__main__ import main
+
+    assert main(["parity", "--seed", "1", "--seeds", "1,2", "--out", str(tmp_path)]) == 2
+    assert "not both" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_exchange_sweep_sets_split_the_bytes_evenly():
     from benchmarks import exchange
 

@@ -258,7 +258,8 @@ def test_the_fusion_layout_is_a_finalist_with_the_models_codecs_and_no_more_trac
     assert plain.fusion is not None and plain.fusion_layout is None
 
 
-@pytest.mark.parametrize("fusion_over_weakest, replaces", [(0.95, True), (1.0, False), (1.05, False)])
+@pytest.mark.parametrize("fusion_over_weakest, replaces",
+                         [(0.95, True), (1.0, False), (1.05, False)])
 def test_the_fusion_layout_replaces_the_weakest_finalist_only_when_predicted_faster(
         fusion_over_weakest, replaces):
     algorithm = PartitionSearchAlgorithm([1.0] * 12, max_groups=4, finalists=3, codecs=CODECS,
