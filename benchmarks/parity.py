@@ -302,14 +302,16 @@ def interval_verdict(points, tolerance):
     """(mean, half-width of its 95% t-interval, verdict) of paired differences in
     points: "met" when the whole interval is above -tolerance, "missed" when it is
     wholly below, else "not resolved" (more runs needed)."""
+    import statistics
+
     from scipy import stats
 
     values = [float(p) for p in points]
-    mean = sum(values) / len(values)
+    mean = statistics.mean(values)
     if len(values) < 2:
         return mean, float("inf"), "not resolved"
-    spread = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
-    half = float(stats.t.ppf(0.975, len(values) - 1)) * spread / len(values) ** 0.5
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) \
+        / len(values) ** 0.5
     if mean - half >= -tolerance:
         return mean, half, "met"
     return mean, half, "missed" if mean + half < -tolerance else "not resolved"
@@ -352,16 +354,8 @@ def run_seeds(args):
     for seed in args.seeds:
         one = copy.copy(args)
         one.seed, one.seeds, one.out = seed, None, os.path.join(args.out, "seed-%d" % seed)
-        run(one)
-        try:
-            with open(os.path.join(one.out, "parity.json")) as f:
-                outputs.append(json.load(f))
-        except (OSError, ValueError):
-            outputs.append({"results": []})
+        outputs.append(_run_once(one)[0])
     two_level = getattr(args, "ranks_per_machine", 1) > 1
-    if two_level:
-        for output in outputs:
-            output["machines"] = 2
     text = seeds_table(outputs, list(args.seeds), args.epochs, two_level)
     with open(os.path.join(args.out, "parity_seeds.md"), "w") as f:
         f.write(text + "\n")
@@ -369,8 +363,14 @@ def run_seeds(args):
 
 
 def run(args):
+    """One run (``--seed``), or one per seed and their summary (``--seeds``): the table."""
     if getattr(args, "seeds", None):
         return run_seeds(args)
+    return _run_once(args)[1]
+
+
+def _run_once(args):
+    """(the ranks' results as read back, the table) of one run, written to OUT."""
     ranks_per_machine = getattr(args, "ranks_per_machine", 1)
     hosts = machines_hosts(args.num_proc, ranks_per_machine)
     os.makedirs(args.out, exist_ok=True)
@@ -395,7 +395,7 @@ def run(args):
     text = (table if hosts is None else two_level_table)(output, args.epochs, spec["seed"]) + "".join("\n- " + n for n in notes)
     with open(os.path.join(args.out, "parity.md"), "w") as f:
         f.write(text + "\n")
-    return text
+    return output, text
 
 
 if __name__ == "__main__":

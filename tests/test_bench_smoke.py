@@ -768,6 +768,38 @@ def test_parity_over_seeds_gives_each_codecs_mean_difference_and_its_interval():
     assert build_parser().parse_args(["parity", "--seeds", "42,1,2"]).seeds == [42, 1, 2]
 
 
+def test_parity_over_seeds_runs_each_seed_in_its_folder_and_summarises(tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    from benchmarks import parity
+
+    launched = []
+
+    def fake_horovodrun(module, spec, out, num_proc, timeout, hosts=None):
+        launched.append((spec["seed"], out, hosts))
+        two_level = 0.95 if spec["seed"] == 1 else 0.96
+        results = [{"label": "topk one", "ok": True, "accuracy": 0.95, "ranks_identical": True,
+                    "config": {"kind": "mergecomp", "algorithm": "topk"}},
+                   {"label": "topk one_two_level", "ok": True, "accuracy": two_level,
+                    "ranks_identical": True, "config": {"kind": "mergecomp", "algorithm": "topk"}}]
+        with open(spec["result_path"], "w") as f:
+            json.dump({"size": 4, "results": results}, f)
+        return 0, "log"
+
+    monkeypatch.setattr(parity.launcher, "run_local_horovodrun", fake_horovodrun)
+    args = argparse.Namespace(algorithms=["topk"], epochs=2, seed=None, seeds=[1, 2],
+                              num_proc=4, ranks_per_machine=2, timeout=60.0, out=str(tmp_path))
+    text = parity.run(args)
+    assert [(seed, os.path.basename(out)) for seed, out, _ in launched] == [
+        (1, "seed-1"), (2, "seed-2")]
+    assert all(hosts == "localhost:2,127.0.0.1:2" for _, _, hosts in launched)
+    assert "| topk | +0.0 / +1.0 | +0.50 +- 6.35 | not resolved |" in text
+    assert "4 workers (2 machines x 2 ranks)" in text
+    assert (tmp_path / "parity_seeds.md").read_text() == text + "\n"
+    assert "seed 2;" in (tmp_path / "seed-2" / "parity.md").read_text()
+
+
 def test_parity_refuses_one_seed_and_several_together(tmp_path, capsys):
     from benchmarks.__main__ import main
 
