@@ -53,6 +53,9 @@ ALLREDUCE = network_model.ALLREDUCE
 ALLGATHER = network_model.ALLGATHER
 TWO_LEVEL = "@2"  # a codec's two-level variant: "efsignsgd@2"
 PLAIN = ("none", "fp16")
+# Codecs whose two-level groups count every rank's vote (the library's
+# ``Compressor.votes_per_rank``, tf_mergecomp/hierarchical.py's reduce_group_by_votes).
+VOTING_CODECS = ("signsgd",)
 DEFAULT_MACHINES = (2, 4, 8, 16, 32)
 DEFAULT_RANKS_PER_MACHINE = 8
 DEFAULT_BANDWIDTHS = ("10gbit", "25gbit", "100gbit")
@@ -155,12 +158,17 @@ class TwoLevelGroupCosts:
     reduce-scatter and back after the allgather). ``whole_group_codec``: the
     codec's own encode and decode are over the whole group, not the shard
     (fp16: its cast is the one before the reduce-scatter, the shard crosses as
-    it is). With one rank per machine it is ``NetworkGroupCosts`` over the machines,
+    it is). ``votes``: a voting codec's two levels (``VOTING_CODECS``): every rank
+    encodes the whole group (its L shards), an alltoall of the payloads inside the
+    machine replaces the reduce-scatter, each rank sends L shards' payloads (the
+    whole group's bytes) across and decodes M * L rows of its shard (M of the whole
+    group's). With one rank per machine it is ``NetworkGroupCosts`` over the machines,
     the flat reduce (``MachineSimulation.costs`` then uses the flat one).
     """
 
     def __init__(self, fit, wire, kind, machines, calls=1, decode_rows=False, probe_workers=1,
-                 probe_link=None, intra_bytes=4.0, cast=None, whole_group_codec=False):
+                 probe_link=None, intra_bytes=4.0, cast=None, whole_group_codec=False,
+                 votes=False):
         share = 1.0 / machines.per_machine
         self.fit = fit
         self.machines = machines
@@ -174,6 +182,10 @@ class TwoLevelGroupCosts:
         tensor_bytes = wire.tensor_cumulative[1:] - wire.tensor_cumulative[:-1]
         shard_wire = network_model.WireBytes(self.sizes * share, wire.fixed, wire.per_element,
                                              tensor_bytes * share)
+        self.votes = bool(votes)
+        self.wire = wire
+        if self.votes:
+            shard_fit, shard_wire = fit, wire
         self.exchange = network_model.NetworkGroupCosts(
             shard_fit, shard_wire, kind, machines.cross, calls=calls, decode_rows=decode_rows,
             probe_workers=probe_workers, probe_link=probe_link)
@@ -186,13 +198,16 @@ class TwoLevelGroupCosts:
                                       for p in self.exchange(lo, hi))
         lo, hi = np.asarray(lo), np.asarray(hi)
         elements = self.cumulative[hi] - self.cumulative[lo]
-        collective = collective + 2 * self.machines.intra_phase(self.intra_bytes * elements)
+        gather = self.machines.intra_phase(self.intra_bytes * elements)
+        scatter = self.machines.intra_phase(self.wire(lo, hi)) if self.votes else gather
+        collective = collective + scatter + gather
         if self.whole_group_codec:
             whole = self.fit(lo, hi)
             encode, decode = encode + whole[0], decode + whole[2]
         if self.cast is not None:
             cast = self.cast(lo, hi)
-            encode, decode = encode + cast[0], decode + cast[2]
+            # votes: nothing cast before the alltoall, the decoded shard for the allgather
+            encode, decode = encode + (0.0 if self.votes else cast[0]), decode + cast[2]
         return encode, collective, decode
 
 
@@ -227,7 +242,8 @@ class MachineSimulation:
             s.codec_fit(name), s.wire(name), kind, machines,
             calls=int(codec.get("collectives_per_group", 1)), decode_rows=kind == ALLGATHER,
             probe_workers=s.probe_workers, probe_link=s.probe_link,
-            intra_bytes=2.0 if fp16 else 4.0, cast=cast, whole_group_codec=name == "fp16")
+            intra_bytes=2.0 if fp16 else 4.0, cast=cast, whole_group_codec=name == "fp16",
+            votes=name in VOTING_CODECS)
         return s._exchange(costs)
 
     def horovod(self, machines):

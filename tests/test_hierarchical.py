@@ -118,6 +118,19 @@ def test_two_by_two_matches_the_flat_average(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_signsgd_counts_every_ranks_vote(two_by_two):
+    """Two levels of signSGD give the flat vote of the 4 ranks, bit for bit (fused ops and
+    plain TF), not the vote of the 2 machines' averages, which differs on these inputs."""
+    for codec in ("votes", "votes_nan"):
+        for r in two_by_two[codec]:
+            assert r["matches_flat"] == {"ops": True, "reference": True}, (codec, r)
+            assert r["collectives"] == 6  # 2 groups x (alltoall, allgather across, allgather)
+    assert all(r["differs_from_machine_votes"] for r in two_by_two["votes"])
+    assert all(r["nan_tensors"] == [False, False, False, False] for r in two_by_two["votes"])
+    assert all(r["nan_tensors"] == [False, True, False, False] for r in two_by_two["votes_nan"])
+
+
+@pytest.mark.multiworker
 def test_two_by_two_float16_inside_the_machine(two_by_two):
     for codec in ("none", "efsignsgd"):
         ranks = two_by_two[codec + "_machine_float16"]
@@ -142,7 +155,7 @@ def test_machine_dtype_is_checked_at_construction():
 
 @pytest.mark.multiworker
 def test_two_by_two_search_probe_times_two_level_groups(two_by_two):
-    for r in two_by_two["probe"]:
+    for r in two_by_two["probe"] + two_by_two["probe_signsgd"]:  # signsgd: by votes
         assert r["two_level"] and r["shape"] == [2, 2, 3] and r["finite"], r
         assert r["collective_s"] > 0  # reduce-scatter to allgather, stamped
 

@@ -73,6 +73,12 @@ class HorovodCommunicator:
             )
         return self._counted(result)
 
+    def alltoall(self, tensor, key):
+        """Row r of the result: row ``rank`` of rank r's ``tensor`` (one row per rank)."""
+        with self._checked_world():
+            result = self._hvd.alltoall(tensor, name=self._name(key), process_set=self.process_set)
+        return self._counted(result)
+
     def allgather(self, tensor, key):
         with self._checked_world():
             result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)

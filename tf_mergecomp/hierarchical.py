@@ -20,6 +20,17 @@ A cluster of M machines with L ranks each (Horovod's ``local_size()`` L and
 An allgather codec then moves M - 1 payloads per rank across machines instead of
 L * M - 1, and the codecs run on 1/L of the group.
 
+Votes. A codec whose combine is a vote of the ranks' payloads (signSGD's majority vote,
+``Compressor.votes_per_rank``) would, after step 1, take one vote per machine: with 2
+machines a coordinate on which they disagree is a tie. Its groups (with a memory that
+keeps no state) count every rank's vote instead (``reduce_group_by_votes``): each rank
+encodes every shard of its own gradients, an alltoall inside the machine hands local rank
+l the L payloads of shard l (1 bit per element, not float32), the allgather across
+machines collects the M * L payloads of the shard in rank order, and the decode is the
+flat one's, so the result is the flat reduce's bit for bit. Each rank then sends L shards'
+payloads (the group's bytes) across machines and receives M - 1 such rows, instead of
+L * M - 1 rows flat.
+
 Shards. Each gradient tensor of n elements is cut into L pieces of ceil(n / L) elements
 (the last one padded with zeros); shard l of a group is piece l of each of its tensors,
 back to back. A shard therefore does not depend on the partition: the error-feedback
@@ -218,23 +229,61 @@ class TwoLevelReduce:
         float32 tensor per gradient) across machines through communicator ``cross``,
         returning (decoded pieces, flags). ``wrap``: applied to both communicators (the
         search's recorder times the group's collectives through it)."""
+        machine, cross = self._communicators(wrap)
+        pieces, by_shard = self._by_shard(grads)
+        within = self.machine_dtype
+        shard = machine.reducescatter_mean(tf.cast(tf.reshape(by_shard, [-1]), within),
+                                           key + ("scatter",))
+        shard = tf.reshape(tf.cast(shard, tf.float32), [sum(pieces)])
+        decoded, _ = reduce_shard(tf.split(shard, pieces) if len(pieces) > 1 else [shard],
+                                  cross)
+        return self._gather(decoded, grads, pieces, key, machine)
+
+    def reduce_group_by_votes(self, grads, key, encode, decode, wrap=None):
+        """``reduce_group`` for a codec whose combine is a vote of the ranks' payloads
+        (``Compressor.votes_per_rank``): every rank's vote counts, as on the flat path,
+        where a machine's average would cast one vote for its L ranks.
+
+        Each rank encodes every shard of its own gradients (``encode(pieces)`` ->
+        (payload row with its non-finite markers, codec context)); inside the machine an
+        alltoall hands local rank l the L rows of shard l; across machines they are
+        allgathered (M * L rows, in rank order, as the flat allgather orders them) and
+        ``decode(rows, context, num_rows, pieces)`` -> (decoded pieces, flags) decodes
+        them; the decoded shards are allgathered inside the machine. The result is the
+        flat reduce's, bit for bit."""
+        machine, cross = self._communicators(wrap)
+        pieces, by_shard = self._by_shard(grads)
+        columns = tf.split(by_shard, pieces, axis=1) if len(pieces) > 1 else [by_shard]
+        shards = [[column[shard] for column in columns]
+                  for shard in range(self.layout.ranks_per_machine)]
+        encoded = [encode(shard) for shard in shards]
+        mine = machine.alltoall(tf.stack([row for row, _ in encoded]), key + ("votes",))
+        collected = cross.allgather(tf.reshape(mine, [-1]), key)
+        local = self.layout.local_rank
+        decoded, _ = decode(collected, encoded[local][1], self.layout.size, shards[local])
+        return self._gather(decoded, grads, pieces, key, machine)
+
+    def _communicators(self, wrap):
+        if wrap is None:
+            return self.machine, self.cross
+        return wrap(self.machine), wrap(self.cross)
+
+    def _by_shard(self, grads):
+        """(the piece size of each gradient, float32[L, sum of pieces] whose row l is
+        shard l: piece l of every tensor, back to back)."""
         ranks = self.layout.ranks_per_machine
-        machine, cross = self.machine, self.cross
-        if wrap is not None:
-            machine, cross = wrap(machine), wrap(cross)
         pieces = [piece_size(g.shape.num_elements(), ranks) for g in grads]
         rows = []
         for grad, piece in zip(grads, pieces):
             flat = tf.reshape(tf.cast(grad, tf.float32), [-1])
             padded = tf.pad(flat, [[0, piece * ranks - grad.shape.num_elements()]])
             rows.append(tf.reshape(padded, [ranks, piece]))
-        # Row l holds piece l of every tensor: shard l is contiguous for the reduce-scatter.
-        by_shard = tf.reshape(tf.concat(rows, 1) if len(rows) > 1 else rows[0], [-1])
-        within = self.machine_dtype
-        shard = machine.reducescatter_mean(tf.cast(by_shard, within), key + ("scatter",))
-        shard = tf.reshape(tf.cast(shard, tf.float32), [sum(pieces)])
-        shard_pieces = tf.split(shard, pieces) if len(pieces) > 1 else [shard]
-        decoded, _ = reduce_shard(shard_pieces, cross)
+        return pieces, tf.concat(rows, 1) if len(rows) > 1 else rows[0]
+
+    def _gather(self, decoded, grads, pieces, key, machine):
+        """Every rank's decoded shard, allgathered inside the machine, to the group's
+        outputs and their non-finite flags."""
+        ranks, within = self.layout.ranks_per_machine, self.machine_dtype
         decoded = [tf.reshape(tf.cast(d, tf.float32), [-1]) for d in decoded]
         joined = tf.concat(decoded, 0) if len(decoded) > 1 else decoded[0]
         # Every rank, this shard's own included, takes the gathered values: identical.

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tf_mergecomp import hierarchical
 from tf_mergecomp import plain_groups
+from tf_mergecomp import reference
 
 TWO_LEVEL = "/two-level"
 
@@ -195,12 +196,41 @@ class TwoLevelGroups:
 
             # The search's recorder hands a communicator that times the group's
             # collectives: it times the three of a two-level group (``around``).
-            outputs, flags = self._two_level.reduce_group(
-                grads, key, reduce_shard, wrap=getattr(communicator, "around", None))
+            wrap = getattr(communicator, "around", None)
+            if self._votes_per_rank(codec_name):
+                encode, decode = self._vote_coding(step, start, communicator)
+                outputs, flags = self._two_level.reduce_group_by_votes(
+                    grads, key, encode, decode, wrap=wrap)
+            else:
+                outputs, flags = self._two_level.reduce_group(grads, key, reduce_shard,
+                                                              wrap=wrap)
         if clear is not None:
             with tf.control_dependencies(clear()):
                 outputs = [tf.identity(o) for o in outputs]
         return outputs, flags
+
+    def _votes_per_rank(self, codec_name):
+        """Whether a two-level group of ``codec_name`` counts every rank's vote
+        (``TwoLevelReduce.reduce_group_by_votes``): the compressor's own codec, when it
+        votes (signSGD) and its memory keeps no state (which would be per rank, whole)."""
+        return (codec_name == self.compressor.name and self.compressor.votes_per_rank
+                and not self.memory.state_names)
+
+    def _vote_coding(self, step, start, communicator):
+        """(encode, decode) of the compressor's codec for ``reduce_group_by_votes``: the
+        fused group ops, or the plain-TF path (reference.py)."""
+        codec = self.compressor
+        seed = self._group_seed(step, start, communicator)
+        if reference.runs_fused_ops(codec):
+            def encode(pieces):
+                return self._encode_fused(pieces, [], seed, codec, plain_groups.NO_MEMORY)
+
+            def decode(collected, context, num_rows, pieces):
+                return self._decode_fused(collected, context, pieces, num_rows, codec)
+            return encode, decode
+        return (lambda pieces: reference.encode_group(codec, pieces, seed),
+                lambda collected, context, num_rows, pieces: reference.decode_group(
+                    codec, collected, context, num_rows, pieces))
 
     def _spread_flush(self, pieces, dense):
         """(``dense`` plus what this rank's pieces of their state have not sent, spread

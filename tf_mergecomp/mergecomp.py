@@ -457,21 +457,30 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
     def _reduce_group_fused(self, grads, state_vars, seed, communicator, key, codec=None,
                             memory=None):
         codec = self.compressor if codec is None else codec
-        memory = self.memory if memory is None else memory
-        codec_attrs = dict(codec=codec.group_codec,
-                           **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
-        ops = op_library.load()
-        payload, codec_context = ops.mergecomp_group_encode(
-            grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
-            memory=memory.name, **memory.op_attrs(), **codec_attrs)
+        payload, codec_context = self._encode_fused(grads, state_vars, seed, codec, memory)
         if codec.collective == compressors.ALLREDUCE:
             collected, rows = communicator.allreduce_mean(payload, key), 1
         else:
             collected, rows = communicator.allgather(payload, key), communicator.size
-        outputs, nonfinite = ops.mergecomp_group_decode(
+        return self._decode_fused(collected, codec_context, grads, rows, codec)
+
+    def _encode_fused(self, grads, state_vars, seed, codec, memory=None):
+        """(the group's payload with its non-finite markers, its codec context)."""
+        memory = self.memory if memory is None else memory
+        return op_library.load().mergecomp_group_encode(
+            grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
+            memory=memory.name, **memory.op_attrs(), **self._codec_attrs(codec, grads))
+
+    def _decode_fused(self, collected, codec_context, grads, rows, codec):
+        """(the group's outputs, shaped as ``grads``; the tensors some rank marked)."""
+        return op_library.load().mergecomp_group_decode(
             collected, codec_context, T=[g.dtype for g in grads], shapes=[g.shape for g in grads],
-            num_rows=rows, **codec_attrs)
-        return outputs, nonfinite
+            num_rows=rows, **self._codec_attrs(codec, grads))
+
+    @staticmethod
+    def _codec_attrs(codec, grads):
+        return dict(codec=codec.group_codec,
+                    **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
 
     # ---- after an elastic reset (layout and state: state_variables.py) ---------------
     def forget_traces(self):

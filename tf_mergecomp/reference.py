@@ -51,10 +51,7 @@ def reduce_group(codec, memory, grads, state_vars, seed, communicator, key):
     with the fused ops' handling of non-finite tensors (the group's state is
     kept as it was on the rank that held one)."""
     sizes = [g.shape.num_elements() for g in grads]
-    local_nonfinite = tf.stack([tf.logical_not(tf.reduce_all(tf.math.is_finite(g)))
-                                for g in grads])
-    flat = grouping.flatten([tf.where(local_nonfinite[i], tf.zeros_like(g), g)
-                             for i, g in enumerate(grads)])
+    local_nonfinite, flat = _finite_flat(grads)
     old_state = {
         name: grouping.flatten([v[b * n:(b + 1) * n] for v, n in zip(state_vars, sizes)])
         for b, name in enumerate(memory.state_names)
@@ -71,6 +68,34 @@ def reduce_group(codec, memory, grads, state_vars, seed, communicator, key):
                     for name in memory.state_names]
         for variable, buffers in zip(state_vars, zip(*per_name)):
             variable.assign(tf.concat(buffers, 0) if len(buffers) > 1 else buffers[0])
+    return _marked_outputs(averaged, marked, grads)
+
+
+def encode_group(codec, grads, seed):
+    """This rank's payload of a group with no memory, as ``reduce_group`` sends it (its
+    non-finite markers after it), and its context: the first half of ``reduce_group``
+    for a collective run elsewhere (a two-level vote, tf_mergecomp/hierarchical.py)."""
+    local_nonfinite, flat = _finite_flat(grads)
+    payload, ctx = codec.compress_group(flat, seed, [g.shape.num_elements() for g in grads])
+    return codec.marked_wire(payload, local_nonfinite), ctx
+
+
+def decode_group(codec, collected, ctx, num_rows, grads):
+    """The second half: ``num_rows`` rows of ``encode_group`` to (outputs shaped as
+    ``grads``, the tensors some rank marked)."""
+    averaged, marked = codec.combine_marked(collected, ctx, num_rows, len(grads))
+    return _marked_outputs(averaged, marked, grads)
+
+
+def _finite_flat(grads):
+    """(which tensors are non-finite here, the group flattened with those zeroed)."""
+    local_nonfinite = tf.stack([tf.logical_not(tf.reduce_all(tf.math.is_finite(g)))
+                                for g in grads])
+    return local_nonfinite, grouping.flatten(
+        [tf.where(local_nonfinite[i], tf.zeros_like(g), g) for i, g in enumerate(grads)])
+
+
+def _marked_outputs(averaged, marked, grads):
     outputs = grouping.unflatten(averaged, [g.shape for g in grads], [g.dtype for g in grads])
     outputs = [tf.where(marked[i], tf.fill(tf.shape(o), tf.constant(float("nan"), o.dtype)), o)
                for i, o in enumerate(outputs)]

@@ -24,7 +24,7 @@ import horovod.tensorflow as hvd
 from tests.horovodrun import report
 from tests.workers.common import (classification_data, small_classifier, tape_train_step,
                                   weights_checksum)
-from tf_mergecomp import MergeComp, RankMismatchError
+from tf_mergecomp import MergeComp, RankMismatchError, compressors, reference
 from tf_mergecomp import checkpoint as mergecomp_checkpoint
 from tf_mergecomp.hierarchical import machine_process_sets
 from tf_mergecomp.search.recorder import ExchangeProbe
@@ -46,6 +46,17 @@ def reduce_once(mc):
     reduce = mc.make_reduce_fn()
     out = reduce([tf.constant(g) for g in gradients_of(hvd.rank())])
     return [o.numpy() for o in out]
+
+
+def machine_votes():
+    """signSGD's vote of the 2 machines' averages (ties +1): what two levels would give
+    if a machine's average voted for its 2 ranks."""
+    votes = []
+    for i in range(len(SHAPES)):
+        total = sum(np.where(np.mean([gradients_of(r)[i] for r in (2 * m, 2 * m + 1)], axis=0)
+                             < 0, -1.0, 1.0) for m in range(2))
+        votes.append(np.where(total >= 0, 1.0, -1.0))
+    return votes
 
 
 def in_float16(outputs):
@@ -70,11 +81,11 @@ def run_exact():
         mc = MergeComp(codec, partitions=2, hierarchical=True, **params)
         before = int(mc.collectives_executed.numpy())
         out = reduce_once(mc)
-        if codec == "efsignsgd":
+        if codec in ("efsignsgd", "signsgd"):
             # The search's probe times a two-level group as it runs in training.
             probe = ExchangeProbe(mc)
             times = probe.run([2], repeats=2)
-            report(codec="probe", two_level=probe.mergecomp.two_level, shape=list(times.shape),
+            report(codec="probe" + ("" if codec == "efsignsgd" else "_signsgd"), two_level=probe.mergecomp.two_level, shape=list(times.shape),
                    finite=bool(np.all(np.isfinite(times))),
                    collective_s=float(times[:, :, 1].min()))
         report(codec=codec, refused=refused, two_level=mc.two_level,
@@ -83,6 +94,28 @@ def run_exact():
                max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))),
                state_sizes=[int(v.shape.num_elements()) for v in mc.state_variables()])
+    # signSGD on two levels counts every rank's vote: the flat reduce's result bit for
+    # bit, through the fused ops and the plain-TF path, with a NaN of rank 3 or without.
+    for nan in (False, True):
+        grads = gradients_of(hvd.rank())
+        if nan and hvd.rank() == 3:
+            grads[1][2] = np.nan
+        results = {}
+        for name, codec, hierarchical_choice in (
+                ("flat", "signsgd", False), ("ops", "signsgd", True),
+                ("reference", reference.plain(compressors.get("signsgd")), True)):
+            mc = MergeComp(codec, partitions=2, hierarchical=hierarchical_choice)
+            before = int(mc.collectives_executed.numpy())
+            out = [o.numpy() for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
+            results[name] = out
+            collectives = int(mc.collectives_executed.numpy()) - before
+        report(codec="votes_nan" if nan else "votes", collectives=collectives,
+               nan_tensors=[bool(np.all(np.isnan(o))) for o in results["flat"]],
+               matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
+                                       for a, b in zip(results["flat"], results[name]))
+                             for name in ("ops", "reference")},
+               differs_from_machine_votes=not all(
+                   np.array_equal(a, b) for a, b in zip(results["flat"], machine_votes())))
     # A NaN in one tensor of rank 3: that tensor all NaN everywhere, the others exact.
     mc = MergeComp("efsignsgd", partitions=2, hierarchical=True)
     grads = gradients_of(hvd.rank())

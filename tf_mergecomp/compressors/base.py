@@ -52,6 +52,9 @@ class Compressor:
       payload_dtype: the dtype of the fused ops' payload.
       reduces_own_groups: True when the engine hands whole groups to
         ``reduce_group()`` instead of running the flat-buffer path.
+      votes_per_rank: True when ``combine`` is a vote of the workers' payloads
+        (signSGD's majority vote): a two-level group then counts every rank's
+        vote, as the flat reduce does (tf_mergecomp/hierarchical.py).
     """
 
     name = None
@@ -61,6 +64,7 @@ class Compressor:
     group_codec = None
     payload_dtype = tf.uint8
     reduces_own_groups = False
+    votes_per_rank = False
 
     def __init__(self):
         # "op": the engine runs a codec with a group_codec through the fused
@@ -145,8 +149,7 @@ class Compressor:
         third value is returned: which tensors any worker marked.
         """
         payload, ctx = self.compress_group(flat, seed, sizes)
-        wire = payload if nonfinite is None else tf.concat(
-            [payload, tf.cast(nonfinite, payload.dtype)], 0)
+        wire = payload if nonfinite is None else self.marked_wire(payload, nonfinite)
         if self.collective == ALLREDUCE:
             collected = communicator.allreduce_mean(wire, group)
         else:
@@ -154,11 +157,21 @@ class Compressor:
         if nonfinite is None:
             averaged = self.combine(collected, ctx, communicator.size)
             return averaged, lambda: self.decompress(payload, ctx)
-        count = int(nonfinite.shape[0])
-        rows = tf.reshape(collected, [-1, int(payload.shape[0]) + count])
-        marked = tf.reduce_any(rows[:, -count:] > tf.zeros([], rows.dtype), axis=0)
-        averaged = self.combine(tf.reshape(rows[:, :-count], [-1]), ctx, communicator.size)
+        averaged, marked = self.combine_marked(collected, ctx, communicator.size,
+                                               int(nonfinite.shape[0]))
         return averaged, lambda: self.decompress(payload, ctx), marked
+
+    @staticmethod
+    def marked_wire(payload, nonfinite):
+        """The payload with one marker element per tensor after it (1: non-finite here)."""
+        return tf.concat([payload, tf.cast(nonfinite, payload.dtype)], 0)
+
+    def combine_marked(self, collected, ctx, world_size, count):
+        """``combine`` of ``marked_wire`` rows: (combined, which of the ``count`` tensors
+        any worker marked)."""
+        rows = tf.reshape(collected, [1 if self.collective == ALLREDUCE else world_size, -1])
+        marked = tf.reduce_any(rows[:, -count:] > tf.zeros([], rows.dtype), axis=0)
+        return self.combine(tf.reshape(rows[:, :-count], [-1]), ctx, world_size), marked
 
     def collectives_per_group(self):
         return 1

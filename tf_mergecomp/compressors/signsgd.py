@@ -36,6 +36,7 @@ class SignSGDCompressor(DenseAllgatherCodec):
     name = "signsgd"
     group_codec = "signsgd"
     default_memory = "none"
+    votes_per_rank = True
 
     def payload_nbytes(self, n):
         return (n + 7) // 8

@@ -283,6 +283,9 @@ class _ChainedCommunicator:
     def reducescatter_mean(self, tensor, key):
         return self._collective(self._inner.reducescatter_mean, tensor, key)
 
+    def alltoall(self, tensor, key):
+        return self._collective(self._inner.alltoall, tensor, key)
+
     def allgather(self, tensor, key):
         return self._collective(self._inner.allgather, tensor, key)
 
