@@ -126,6 +126,9 @@ def test_two_by_two_signsgd_counts_every_ranks_vote(two_by_two):
             assert r["matches_flat"] == {"ops": True, "reference": True}, (codec, r)
             assert r["collectives"] == 6  # 2 groups x (alltoall, allgather across, allgather)
     assert all(r["differs_from_machine_votes"] for r in two_by_two["votes"])
+    # two_level_vote="machine": the vote of the machines' averages, as asked.
+    assert all(r["machine_option_votes_by_machine"] for r in two_by_two["votes"])
+    assert two_by_two["votes"][0]["machine_option_describe"] == {"two_level_vote": "machine"}
     assert all(r["nan_tensors"] == [False, False, False, False] for r in two_by_two["votes"])
     assert all(r["nan_tensors"] == [False, True, False, False] for r in two_by_two["votes_nan"])
 
@@ -140,6 +143,15 @@ def test_two_by_two_float16_inside_the_machine(two_by_two):
     # The float32 reduce's values are not all float16's; float16's are near the average.
     assert not any(r["in_float16"] for r in two_by_two["none"])
     assert 1e-6 < max(r["max_error"] for r in two_by_two["none_machine_float16"]) < 5e-3
+
+
+def test_two_level_vote_is_checked_at_construction():
+    assert MergeComp("signsgd").compressor.votes_per_rank
+    assert MergeComp("signsgd").describe()["compressor_params"] == {}  # as before the setting
+    assert not MergeComp("signsgd", two_level_vote="machine").compressor.votes_per_rank
+    assert not MergeComp("signum").compressor.votes_per_rank  # its momentum is per piece
+    with pytest.raises(ValueError, match="two_level_vote must be one of rank, machine"):
+        MergeComp("signsgd", two_level_vote="everyone")
 
 
 def test_machine_dtype_is_checked_at_construction():

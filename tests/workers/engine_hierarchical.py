@@ -109,13 +109,21 @@ def run_exact():
             out = [o.numpy() for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
             results[name] = out
             collectives = int(mc.collectives_executed.numpy()) - before
+        # Opted out: each machine's average votes.
+        by_machine = MergeComp("signsgd", partitions=2, hierarchical=True,
+                               two_level_vote="machine")
+        machine_out = [o.numpy() for o in by_machine.make_reduce_fn()([tf.constant(g)
+                                                                       for g in grads])]
         report(codec="votes_nan" if nan else "votes", collectives=collectives,
                nan_tensors=[bool(np.all(np.isnan(o))) for o in results["flat"]],
                matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
                                        for a, b in zip(results["flat"], results[name]))
                              for name in ("ops", "reference")},
                differs_from_machine_votes=not all(
-                   np.array_equal(a, b) for a, b in zip(results["flat"], machine_votes())))
+                   np.array_equal(a, b) for a, b in zip(results["flat"], machine_votes())),
+               machine_option_votes_by_machine=all(
+                   np.array_equal(a, b) for a, b in zip(machine_out, machine_votes())),
+               machine_option_describe=by_machine.describe().get("compressor_params"))
     # A NaN in one tensor of rank 3: that tensor all NaN everywhere, the others exact.
     mc = MergeComp("efsignsgd", partitions=2, hierarchical=True)
     grads = gradients_of(hvd.rank())

@@ -13,6 +13,12 @@ NaN and Inf: a sign bit means ``not (g_i < 0)``, so NaN votes +1, -0.0 votes
 State: none. Memory: ``none`` (signum adds momentum; efsignsgd adds error
 feedback and a scale).
 
+On two levels (machines of L ranks, tf_mergecomp/hierarchical.py), ``two_level_vote``:
+``"rank"`` (default) counts every rank's vote, the flat vote bit for bit (each rank
+sends its group's bits across machines, L shards of it); ``"machine"`` lets each
+machine's average cast one vote (L times fewer bytes across machines, but M voters
+instead of L * M, and with an even M more ties, which vote +1).
+
 Wire format (uint8[ceil(n/8)], ceil(n/8) bytes): bit i % 8 of byte i // 8
 (least significant first) is 1 when g_i is "+"; padding bits are 0.
 
@@ -36,7 +42,21 @@ class SignSGDCompressor(DenseAllgatherCodec):
     name = "signsgd"
     group_codec = "signsgd"
     default_memory = "none"
-    votes_per_rank = True
+    TWO_LEVEL_VOTES = ("rank", "machine")
+
+    def __init__(self, two_level_vote="rank"):
+        if two_level_vote not in self.TWO_LEVEL_VOTES:
+            raise ValueError("%s two_level_vote must be one of %s (who votes on two levels: "
+                             "every rank, or each machine's average), got %r"
+                             % (self.name, ", ".join(self.TWO_LEVEL_VOTES), two_level_vote))
+        super().__init__()
+        self.two_level_vote = two_level_vote
+        self.votes_per_rank = two_level_vote == "rank"
+
+    @property
+    def params(self):
+        # Named only when not the default: fingerprints of before the setting unchanged.
+        return {} if self.votes_per_rank else {"two_level_vote": self.two_level_vote}
 
     def payload_nbytes(self, n):
         return (n + 7) // 8

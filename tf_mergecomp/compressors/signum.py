@@ -30,6 +30,10 @@ class SignumCompressor(SignSGDCompressor):
         beta = check_in_interval("signum beta", beta, "[0, 1)")
         super().__init__()
         self.beta = beta
+        # Its momentum is per rank and, on two levels, per piece: each machine's average
+        # of the momenta votes (every rank's vote would need its momentum whole).
+        self.two_level_vote = "machine"
+        self.votes_per_rank = False
 
     @property
     def params(self):
