@@ -18,6 +18,7 @@ zero but a read and a write per step.
 
 import tensorflow as tf
 
+from tf_mergecomp import fused_groups
 from tf_mergecomp import hierarchical
 from tf_mergecomp import plain_groups
 from tf_mergecomp import reference
@@ -222,12 +223,10 @@ class TwoLevelGroups:
         codec = self.compressor
         seed = self._group_seed(step, start, communicator)
         if reference.runs_fused_ops(codec):
-            def encode(pieces):
-                return self._encode_fused(pieces, [], seed, codec, plain_groups.NO_MEMORY)
-
-            def decode(collected, context, num_rows, pieces):
-                return self._decode_fused(collected, context, pieces, num_rows, codec)
-            return encode, decode
+            return (lambda pieces: fused_groups.encode_group(codec, plain_groups.NO_MEMORY,
+                                                             pieces, [], seed),
+                    lambda collected, context, num_rows, pieces: fused_groups.decode_group(
+                        codec, collected, context, num_rows, pieces))
         return (lambda pieces: reference.encode_group(codec, pieces, seed),
                 lambda collected, context, num_rows, pieces: reference.decode_group(
                     codec, collected, context, num_rows, pieces))

@@ -20,9 +20,9 @@ Keras ``hvd.DistributedOptimizer`` it checkpoints with the optimizer; with
 
 import tensorflow as tf
 
-from tf_mergecomp import ops as op_library
 from tf_mergecomp import compressors
 from tf_mergecomp import consistency
+from tf_mergecomp import fused_groups
 from tf_mergecomp import grouping
 from tf_mergecomp import nonfinite_gradients
 from tf_mergecomp import plain_groups
@@ -430,7 +430,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
                                                 key)
         if reference.runs_fused_ops(self.compressor):
-            return self._reduce_group_fused(grads, state_vars, seed, communicator, key)
+            return fused_groups.reduce_group(self.compressor, self.memory, grads, state_vars,
+                                             seed, communicator, key)
         return reference.reduce_group(self.compressor, self.memory, grads, state_vars, seed,
                                       communicator, key)
 
@@ -444,8 +445,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         def reduce_plainly(tensors):
             # On the plain-TF path when the user's codec is (reference.plain).
             if self.compressor.backend != reference.PLAIN_BACKEND:
-                return self._reduce_group_fused(tensors, [], seed, communicator, key,
-                                                codec=codec, memory=plain_groups.NO_MEMORY)
+                return fused_groups.reduce_group(codec, plain_groups.NO_MEMORY, tensors, [],
+                                                 seed, communicator, key)
             return reference.reduce_group(codec, plain_groups.NO_MEMORY, tensors, [], seed,
                                           communicator, key)
 
@@ -453,34 +454,6 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         with tf.control_dependencies(flush.clear_sent_state()):
             outputs = [tf.identity(o) for o in outputs]
         return outputs, nonfinite
-
-    def _reduce_group_fused(self, grads, state_vars, seed, communicator, key, codec=None,
-                            memory=None):
-        codec = self.compressor if codec is None else codec
-        payload, codec_context = self._encode_fused(grads, state_vars, seed, codec, memory)
-        if codec.collective == compressors.ALLREDUCE:
-            collected, rows = communicator.allreduce_mean(payload, key), 1
-        else:
-            collected, rows = communicator.allgather(payload, key), communicator.size
-        return self._decode_fused(collected, codec_context, grads, rows, codec)
-
-    def _encode_fused(self, grads, state_vars, seed, codec, memory=None):
-        """(the group's payload with its non-finite markers, its codec context)."""
-        memory = self.memory if memory is None else memory
-        return op_library.load().mergecomp_group_encode(
-            grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,
-            memory=memory.name, **memory.op_attrs(), **self._codec_attrs(codec, grads))
-
-    def _decode_fused(self, collected, codec_context, grads, rows, codec):
-        """(the group's outputs, shaped as ``grads``; the tensors some rank marked)."""
-        return op_library.load().mergecomp_group_decode(
-            collected, codec_context, T=[g.dtype for g in grads], shapes=[g.shape for g in grads],
-            num_rows=rows, **self._codec_attrs(codec, grads))
-
-    @staticmethod
-    def _codec_attrs(codec, grads):
-        return dict(codec=codec.group_codec,
-                    **codec.group_op_attrs([g.shape.num_elements() for g in grads]))
 
     # ---- after an elastic reset (layout and state: state_variables.py) ---------------
     def forget_traces(self):
