@@ -12,6 +12,10 @@ State: the momentum m, one float32 per element (the ``momentum`` memory,
 
 Defaults: beta = 0.9 (must be in [0, 1)).
 
+On two levels (tf_mergecomp/hierarchical.py) each machine's average of the momenta
+votes, one vote per machine: each rank's momentum covers its piece of every tensor,
+and counting every rank's vote, as signsgd does, would need each rank's whole momentum.
+
 Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
 is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
 
