@@ -12,9 +12,9 @@ State: the momentum m, one float32 per element (the ``momentum`` memory,
 
 Defaults: beta = 0.9 (must be in [0, 1)).
 
-On two levels (tf_mergecomp/hierarchical.py) each machine's average of the momenta
-votes, one vote per machine: each rank's momentum covers its piece of every tensor,
-and counting every rank's vote, as signsgd does, would need each rank's whole momentum.
+On two levels (tf_mergecomp/hierarchical.py) each machine casts one vote: the rank
+holding a piece keeps the momentum of the machine's average gradient for that piece.
+Counting every rank's vote, as signsgd does, would need each rank's whole momentum.
 
 Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
 is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
@@ -34,8 +34,8 @@ class SignumCompressor(SignSGDCompressor):
         beta = check_in_interval("signum beta", beta, "[0, 1)")
         super().__init__()
         self.beta = beta
-        # Its momentum is per rank and, on two levels, per piece: each machine's average
-        # of the momenta votes (every rank's vote would need its momentum whole).
+        # On two levels its momentum is of the machine's average, per piece: one vote
+        # per machine (every rank's vote would need each rank's whole momentum).
         self.two_level_vote = "machine"
         self.votes_per_rank = False
 
