@@ -184,11 +184,11 @@ class TwoLevelGroupCosts:
                                              tensor_bytes * share)
         self.votes = bool(votes)
         self.wire = wire
-        if self.votes:
-            shard_fit, shard_wire = fit, wire
+        # Votes: the exchange carries (and decodes) the whole group's L shards.
+        exchange_fit, exchange_wire = (fit, wire) if self.votes else (shard_fit, shard_wire)
         self.exchange = network_model.NetworkGroupCosts(
-            shard_fit, shard_wire, kind, machines.cross, calls=calls, decode_rows=decode_rows,
-            probe_workers=probe_workers, probe_link=probe_link)
+            exchange_fit, exchange_wire, kind, machines.cross, calls=calls,
+            decode_rows=decode_rows, probe_workers=probe_workers, probe_link=probe_link)
         self.intra_bytes = float(intra_bytes)
         self.cast = cast
         self.whole_group_codec = bool(whole_group_codec)

@@ -124,7 +124,9 @@ def test_two_by_two_signsgd_counts_every_ranks_vote(two_by_two):
     for codec in ("votes", "votes_nan"):
         for r in two_by_two[codec]:
             assert r["matches_flat"] == {"ops": True, "reference": True}, (codec, r)
-            assert r["collectives"] == 6  # 2 groups x (alltoall, allgather across, allgather)
+            # flat: 2 groups x 1 allgather; two levels: 2 x (alltoall, allgather across,
+            # allgather inside)
+            assert r["collectives"] == {"flat": 2, "ops": 6, "reference": 6}, (codec, r)
     assert all(r["differs_from_machine_votes"] for r in two_by_two["votes"])
     # two_level_vote="machine": the vote of the machines' averages, as asked.
     assert all(r["machine_option_votes_by_machine"] for r in two_by_two["votes"])

@@ -85,7 +85,8 @@ def run_exact():
             # The search's probe times a two-level group as it runs in training.
             probe = ExchangeProbe(mc)
             times = probe.run([2], repeats=2)
-            report(codec="probe" + ("" if codec == "efsignsgd" else "_signsgd"), two_level=probe.mergecomp.two_level, shape=list(times.shape),
+            report(codec="probe" + ("" if codec == "efsignsgd" else "_signsgd"),
+                   two_level=probe.mergecomp.two_level, shape=list(times.shape),
                    finite=bool(np.all(np.isfinite(times))),
                    collective_s=float(times[:, :, 1].min()))
         report(codec=codec, refused=refused, two_level=mc.two_level,
@@ -96,19 +97,20 @@ def run_exact():
                state_sizes=[int(v.shape.num_elements()) for v in mc.state_variables()])
     # signSGD on two levels counts every rank's vote: the flat reduce's result bit for
     # bit, through the fused ops and the plain-TF path, with a NaN of rank 3 or without.
+    by_machines = machine_votes()
     for nan in (False, True):
         grads = gradients_of(hvd.rank())
         if nan and hvd.rank() == 3:
             grads[1][2] = np.nan
-        results = {}
+        results, collectives = {}, {}
         for name, codec, hierarchical_choice in (
                 ("flat", "signsgd", False), ("ops", "signsgd", True),
                 ("reference", reference.plain(compressors.get("signsgd")), True)):
             mc = MergeComp(codec, partitions=2, hierarchical=hierarchical_choice)
             before = int(mc.collectives_executed.numpy())
-            out = [o.numpy() for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
-            results[name] = out
-            collectives = int(mc.collectives_executed.numpy()) - before
+            results[name] = [o.numpy()
+                             for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
+            collectives[name] = int(mc.collectives_executed.numpy()) - before
         # Opted out: each machine's average votes.
         by_machine = MergeComp("signsgd", partitions=2, hierarchical=True,
                                two_level_vote="machine")
@@ -120,9 +122,9 @@ def run_exact():
                                        for a, b in zip(results["flat"], results[name]))
                              for name in ("ops", "reference")},
                differs_from_machine_votes=not all(
-                   np.array_equal(a, b) for a, b in zip(results["flat"], machine_votes())),
+                   np.array_equal(a, b) for a, b in zip(results["flat"], by_machines)),
                machine_option_votes_by_machine=all(
-                   np.array_equal(a, b) for a, b in zip(machine_out, machine_votes())),
+                   np.array_equal(a, b) for a, b in zip(machine_out, by_machines)),
                machine_option_describe=by_machine.describe().get("compressor_params"))
     # A NaN in one tensor of rank 3: that tensor all NaN everywhere, the others exact.
     mc = MergeComp("efsignsgd", partitions=2, hierarchical=True)

@@ -51,7 +51,10 @@ class SignSGDCompressor(DenseAllgatherCodec):
                              % (self.name, ", ".join(self.TWO_LEVEL_VOTES), two_level_vote))
         super().__init__()
         self.two_level_vote = two_level_vote
-        self.votes_per_rank = two_level_vote == "rank"
+
+    @property
+    def votes_per_rank(self):
+        return self.two_level_vote == "rank"
 
     @property
     def params(self):

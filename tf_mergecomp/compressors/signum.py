@@ -37,7 +37,6 @@ class SignumCompressor(SignSGDCompressor):
         # On two levels its momentum is of the machine's average, per piece: one vote
         # per machine (every rank's vote would need each rank's whole momentum).
         self.two_level_vote = "machine"
-        self.votes_per_rank = False
 
     @property
     def params(self):
