@@ -55,7 +55,7 @@ TWO_LEVEL = "@2"  # a codec's two-level variant: "efsignsgd@2"
 PLAIN = ("none", "fp16")
 # Codecs whose two-level groups count every rank's vote (the library's
 # ``Compressor.votes_per_rank``, tf_mergecomp/hierarchical.py's reduce_group_by_votes).
-VOTING_CODECS = ("signsgd",)
+VOTING_CODECS = ("signsgd", "signum")
 DEFAULT_MACHINES = (2, 4, 8, 16, 32)
 DEFAULT_RANKS_PER_MACHINE = 8
 DEFAULT_BANDWIDTHS = ("10gbit", "25gbit", "100gbit")
@@ -162,7 +162,9 @@ class TwoLevelGroupCosts:
     encodes the whole group (its L shards), an alltoall of the payloads inside the
     machine replaces the reduce-scatter, each rank sends L shards' payloads (the
     whole group's bytes) across and decodes M * L rows of its shard (M of the whole
-    group's). With one rank per machine it is ``NetworkGroupCosts`` over the machines,
+    group's); with L >= 3 it counts the L rows of its shard (a decode's per-row work
+    each) and sends the counts, ceil(log2(L + 1)) times the shard's payload, and decodes
+    M rows of counts. With one rank per machine it is ``NetworkGroupCosts`` over the machines,
     the flat reduce (``MachineSimulation.costs`` then uses the flat one).
     """
 
@@ -184,8 +186,17 @@ class TwoLevelGroupCosts:
                                              tensor_bytes * share)
         self.votes = bool(votes)
         self.wire = wire
-        # Votes: the exchange carries (and decodes) the whole group's L shards.
-        exchange_fit, exchange_wire = (fit, wire) if self.votes else (shard_fit, shard_wire)
+        count_bits = int(machines.per_machine).bit_length()
+        self.counts = self.votes and count_bits < machines.per_machine
+        self.shard_fit, self.probe_workers = shard_fit, max(1, int(probe_workers))
+        if self.counts:  # the machine's counts of its shard, count_bits per vote bit
+            exchange_fit, exchange_wire = shard_fit, network_model.WireBytes(
+                self.sizes * share, wire.fixed, wire.per_element * count_bits,
+                tensor_bytes * share)
+        elif self.votes:  # the exchange carries (and decodes) the whole group's L shards
+            exchange_fit, exchange_wire = fit, wire
+        else:
+            exchange_fit, exchange_wire = shard_fit, shard_wire
         self.exchange = network_model.NetworkGroupCosts(
             exchange_fit, exchange_wire, kind, machines.cross, calls=calls,
             decode_rows=decode_rows, probe_workers=probe_workers, probe_link=probe_link)
@@ -201,6 +212,10 @@ class TwoLevelGroupCosts:
         gather = self.machines.intra_phase(self.intra_bytes * elements)
         scatter = self.machines.intra_phase(self.wire(lo, hi)) if self.votes else gather
         collective = collective + scatter + gather
+        if self.counts:  # the whole group encoded, then L rows of the shard counted
+            per_row = network_model.per_element_part(self.shard_fit, 2, lo, hi)
+            encode = (self.fit(lo, hi)[0]
+                      + self.machines.per_machine * per_row / self.probe_workers)
         if self.whole_group_codec:
             whole = self.fit(lo, hi)
             encode, decode = encode + whole[0], decode + whole[2]

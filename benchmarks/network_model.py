@@ -158,14 +158,14 @@ class NetworkGroupCosts:
     def __call__(self, lo, hi):
         encode, local, decode = (np.asarray(p, dtype=np.float64) for p in self.codec(lo, hi))
         nbytes = self.wire(lo, hi) / self.calls
-        host_bytes = _per_element_part(self.codec, 1, lo, hi)
+        host_bytes = per_element_part(self.codec, 1, lo, hi)
         host = self.calls * _host_share(host_bytes / self.calls, self.probe_network, self.kind,
                                         nbytes)
         collective = (local - host_bytes + self.host_scale * host
                       + self.calls * self.network.collective(self.kind, nbytes))
         extra_rows = self.network.workers - self.probe_workers
         if self.decode_rows and extra_rows:
-            per_row = _per_element_part(self.codec, 2, lo, hi) / self.probe_workers
+            per_row = per_element_part(self.codec, 2, lo, hi) / self.probe_workers
             decode = decode + extra_rows * per_row
         return encode, collective, decode
 
@@ -193,7 +193,7 @@ def _probe_network(probe_workers, probe_link):
     return NetworkCosts(probe_workers, probe_link)
 
 
-def _per_element_part(codec, part, lo, hi):
+def per_element_part(codec, part, lo, hi):
     """The per-element term of one part (0 encode, 1 collective, 2 decode) of a
     LinearGroupCosts for groups [lo, hi) (of a MeasuredGroupCosts: its fit's);
     0 for cost functions without one."""
@@ -244,7 +244,7 @@ class FusedGroupCosts:
         self._cumulative = [np.concatenate([[0.0], np.cumsum(p)]) for p in parts]
         # The host's per-collective cost is paid once per fused collective, its
         # per-byte share (measured on several ranks) once per byte.
-        host_bytes = _per_element_part(codec, 1, np.arange(n), np.arange(1, n + 1))
+        host_bytes = per_element_part(codec, 1, np.arange(n), np.arange(1, n + 1))
         self._local_fixed = float((parts[1] - host_bytes).min()) if n else 0.0
 
     def __call__(self, lo, hi):
@@ -253,7 +253,7 @@ class FusedGroupCosts:
         encode = self._cumulative[0][hi] - self._cumulative[0][lo]
         decode = self._cumulative[2][hi] - self._cumulative[2][lo]
         nbytes = self.wire(lo, hi)
-        host = _host_share(_per_element_part(self.codec, 1, lo, hi), self.probe_network,
+        host = _host_share(per_element_part(self.codec, 1, lo, hi), self.probe_network,
                            self.kind, nbytes)
         collective = (self._local_fixed + self.host_scale * host
                       + self.network.collective(self.kind, nbytes))

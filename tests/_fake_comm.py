@@ -31,6 +31,11 @@ class FakeCommunicator:
     def allgather(self, tensor, key):
         return tf.concat(self._world.exchange(self.rank, "allgather", key, tensor), axis=0)
 
+    def alltoall(self, tensor, key):
+        """Row r of the result: row ``rank`` of rank r's ``tensor`` (one row per rank)."""
+        return tf.stack([rows[self.rank]
+                         for rows in self._world.exchange(self.rank, "alltoall", key, tensor)])
+
 
 class FakeWorld:
     def __init__(self, size, timeout=60.0):

@@ -81,6 +81,77 @@ def _flat_state_sizes(ranks_per_machine):
     return [hierarchical.piece_size(n, ranks_per_machine) for n in (3, 16, 7, 15)]
 
 
+@pytest.mark.parametrize("route", ["ops", "reference"])
+@pytest.mark.parametrize("machines, ranks_per_machine", [(2, 3), (3, 4), (2, 2)])
+def test_votes_counted_per_machine_are_the_flat_vote(route, machines, ranks_per_machine):
+    """Machines of L ranks (threads, tests/_fake_comm.py): with L >= 3 each rank sends the
+    machine's count of "+" votes of its shard across machines, ceil(log2(L + 1)) bits per
+    element; the vote of the counts is the flat signSGD vote of every rank, bit for bit,
+    a tensor NaN on one rank NaN everywhere. With L = 2 the rows cross as they are."""
+    import tensorflow as tf
+
+    from tests._fake_comm import FakeWorld
+    from tf_mergecomp import compressors, fused_groups, plain_groups, reference
+
+    codec = compressors.get("signsgd")
+    if route == "reference":
+        codec = reference.plain(codec)
+    shapes = [[5, 3], [7], [4, 4], [3]]
+    size, seed = machines * ranks_per_machine, 5
+
+    def gradients(rank):
+        rng = np.random.RandomState(rank)
+        grads = [rng.randn(*shape).astype(np.float32) for shape in shapes]
+        if rank == size - 2:
+            grads[1][3] = np.nan
+        return [tf.constant(g) for g in grads]
+
+    if route == "ops":
+        encode = lambda pieces: fused_groups.encode_group(  # noqa: E731
+            codec, plain_groups.NO_MEMORY, pieces, [], seed)
+        decode = lambda rows, ctx, n, pieces: fused_groups.decode_group(  # noqa: E731
+            codec, rows, ctx, n, pieces)
+    else:
+        encode = lambda pieces: reference.encode_group(codec, pieces, seed)  # noqa: E731
+        decode = lambda rows, ctx, n, pieces: reference.decode_group(  # noqa: E731
+            codec, rows, ctx, n, pieces)
+    machine_worlds = [FakeWorld(ranks_per_machine) for _ in range(machines)]
+    cross_worlds = [FakeWorld(machines) for _ in range(ranks_per_machine)]
+
+    def run(rank, flat_communicator):
+        layout = hierarchical.MachineLayout(rank, size, ranks_per_machine, machines)
+        two_level = hierarchical.TwoLevelReduce(
+            layout, machine_worlds[layout.machine].communicator(layout.local_rank),
+            cross_worlds[layout.local_rank].communicator(layout.machine))
+        grads = gradients(rank)
+        flat, _ = reference.reduce_group(codec, plain_groups.NO_MEMORY, grads, [], seed,
+                                         flat_communicator, (0, 0))
+        levels, flags = two_level.reduce_group_by_votes(grads, (0, 0), encode, decode,
+                                                        counter=codec)
+        return [o.numpy() for o in flat], [o.numpy() for o in levels], flags.numpy()
+
+    for flat, levels, flags in FakeWorld(size).run(run):
+        assert all(np.array_equal(a, b, equal_nan=True) for a, b in zip(flat, levels))
+        assert [bool(np.all(np.isnan(o))) for o in levels] == [False, True, False, False]
+        assert list(flags) == [0, 1, 0, 0]
+    # What one rank sends across machines: its shard's counts (or L rows), then a marker
+    # per tensor.
+    shard = sum(hierarchical.piece_size(int(np.prod(s)), ranks_per_machine) for s in shapes)
+    bits = codec.count_bits(ranks_per_machine)
+    if bits < ranks_per_machine:
+        across = (shard * bits + 7) // 8 + len(shapes)
+    else:
+        across = ranks_per_machine * ((shard + 7) // 8 + len(shapes))
+    assert {b for world in cross_worlds for b in world.sent_bytes} == {across}
+
+
+def test_count_bits():
+    from tf_mergecomp import compressors
+
+    assert [compressors.get("signsgd").count_bits(v) for v in (1, 2, 3, 4, 7, 8, 15, 16)] == [
+        1, 2, 2, 3, 3, 4, 4, 5]
+
+
 @pytest.fixture(scope="module")
 def two_by_two():
     """Every rank's results of one run of 2 machines x 2 ranks: {codec: [result per rank]}."""
@@ -115,24 +186,60 @@ def test_two_by_two_matches_the_flat_average(two_by_two):
     # The memory's residual of one piece of each tensor (1/2 of the flat state).
     assert by_codec["efsignsgd"][0]["state_sizes"] == _flat_state_sizes(2)
     assert by_codec["none"][0]["state_sizes"] == []
+    # SIGNUM counts every rank's vote: each rank keeps its whole momentum, as flat.
+    assert by_codec["signum"][0]["state_sizes"] == _flat_state_sizes(1)
+
+
+def _check_votes_match_flat(by_codec, codec, ranks):
+    """The flat vote, bit for bit, for 3 steps (SIGNUM's momentum kept whole on each rank,
+    equal to flat's), through the fused ops, plain TF and a search's two-level groups; a
+    tensor NaN on rank 3 at the second step NaN everywhere."""
+    for run in (codec + "_votes", codec + "_votes_nan"):
+        assert len(by_codec[run]) == ranks
+        for r in by_codec[run]:
+            configs = ("ops", "reference", "searched")
+            assert r["matches_flat"] == dict.fromkeys(configs, True), (run, r)
+            assert r["state_matches_flat"] == dict.fromkeys(configs, True), (run, r)
+            # per step, flat: 2 groups x 1 allgather; two levels: 2 x (alltoall,
+            # allgather across, allgather inside)
+            assert r["collectives"] == {"flat": 6, "ops": 18, "reference": 18,
+                                        "searched": 18}, (run, r)
+            assert (r["state_nonzero"] > 0) == (codec == "signum")
+    assert all(r["nan_tensors"] == [[False] * 4] * 3 for r in by_codec[codec + "_votes"])
+    assert all(r["nan_tensors"] == [[False] * 4, [False, True, False, False], [False] * 4]
+               for r in by_codec[codec + "_votes_nan"])
 
 
 @pytest.mark.multiworker
-def test_two_by_two_signsgd_counts_every_ranks_vote(two_by_two):
-    """Two levels of signSGD give the flat vote of the 4 ranks, bit for bit (fused ops and
-    plain TF), not the vote of the 2 machines' averages, which differs on these inputs."""
-    for codec in ("votes", "votes_nan"):
-        for r in two_by_two[codec]:
-            assert r["matches_flat"] == {"ops": True, "reference": True}, (codec, r)
-            # flat: 2 groups x 1 allgather; two levels: 2 x (alltoall, allgather across,
-            # allgather inside)
-            assert r["collectives"] == {"flat": 2, "ops": 6, "reference": 6}, (codec, r)
-    assert all(r["differs_from_machine_votes"] for r in two_by_two["votes"])
-    # two_level_vote="machine": the vote of the machines' averages, as asked.
-    assert all(r["machine_option_votes_by_machine"] for r in two_by_two["votes"])
-    assert two_by_two["votes"][0]["machine_option_describe"] == {"two_level_vote": "machine"}
-    assert all(r["nan_tensors"] == [False, False, False, False] for r in two_by_two["votes"])
-    assert all(r["nan_tensors"] == [False, True, False, False] for r in two_by_two["votes_nan"])
+@pytest.mark.parametrize("codec", ["signsgd", "signum"])
+def test_two_by_two_votes_count_every_rank(two_by_two, codec):
+    """Two levels of signSGD and SIGNUM give the flat vote of the 4 ranks, not the vote of
+    the 2 machines' averages, which differs on these inputs and is what
+    ``two_level_vote="machine"`` gives."""
+    _check_votes_match_flat(two_by_two, codec, 4)
+    assert all(r["differs_from_machine_votes"] for r in two_by_two[codec + "_votes"])
+    for r in two_by_two[codec + "_machine_votes"]:
+        assert r["votes_by_machine"], r
+        assert r["describe"] == ({"two_level_vote": "machine"} if codec == "signsgd"
+                                 else {"beta": 0.9, "two_level_vote": "machine"})
+        # signum's momentum: this rank's piece of each tensor
+        assert r["state_sizes"] == ([] if codec == "signsgd" else _flat_state_sizes(2))
+
+
+@pytest.mark.multiworker
+def test_two_by_three_votes_are_counted_and_still_the_flat_vote():
+    """3 ranks per machine: each rank sends the machine's counts of its shard across
+    machines (2 bits per element, not 3 rows of 1), and the vote is still the flat one."""
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=6, args=["two_by_three"],
+                                hosts="localhost:3,127.0.0.1:3", env=DYNAMIC, timeout=300)
+    by_codec = {}
+    for rank in range(6):
+        for result in results[rank]:
+            by_codec.setdefault(result["codec"], []).append(result)
+    for codec in ("signsgd", "signum"):
+        _check_votes_match_flat(by_codec, codec, 6)
 
 
 @pytest.mark.multiworker
@@ -151,7 +258,11 @@ def test_two_level_vote_is_checked_at_construction():
     assert MergeComp("signsgd").compressor.votes_per_rank
     assert MergeComp("signsgd").describe()["compressor_params"] == {}  # as before the setting
     assert not MergeComp("signsgd", two_level_vote="machine").compressor.votes_per_rank
-    assert not MergeComp("signum").compressor.votes_per_rank  # its momentum is per piece
+    assert MergeComp("signum").compressor.votes_per_rank
+    assert MergeComp("signum").describe()["compressor_params"] == {"beta": 0.9}
+    assert not MergeComp("signum", two_level_vote="machine").compressor.votes_per_rank
+    with pytest.raises(ValueError, match="signum two_level_vote must be one of rank, machine"):
+        MergeComp("signum", two_level_vote="everyone")
     with pytest.raises(ValueError, match="two_level_vote must be one of rank, machine"):
         MergeComp("signsgd", two_level_vote="everyone")
 

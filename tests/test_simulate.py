@@ -742,15 +742,28 @@ def test_two_level_costs_computed_by_hand():
     cross = 3 * (4 + 0.125e6) / (1.25e9 / 8) + 3 * 25e-6
     assert collective[0] == pytest.approx(4e-5 + cross + 2 * intra)
     assert decode[0] == pytest.approx(5e-6 + 4 * 1e-9 * 1e6 + 2e-6)
-    # A voting codec: the whole group encoded (its 8 shards), its payload alltoall'ed
-    # inside, the whole group's bytes across, 4 rows of the group decoded, one allgather.
+    # A voting codec on 8 ranks per machine: the whole group encoded (its 8 shards), its
+    # payload alltoall'ed inside, each rank's shard counted from 8 rows (a row's decode
+    # each) and its counts sent across in 4 bits per element, 4 rows of counts decoded.
     encode, collective, decode = machines_bench.TwoLevelGroupCosts(
         fit, wire, "allgather", cluster, decode_rows=True, votes=True)(np.array([0]),
                                                                        np.array([1]))
-    assert encode[0] == pytest.approx(1e-5 + 2e-9 * 8e6 + 3e-6)
-    votes_cross = 3 * (4 + 0.125 * 8e6) / (1.25e9 / 8) + 3 * 25e-6
+    assert encode[0] == pytest.approx(1e-5 + 2e-9 * 8e6 + 3e-6 + 8 * 1e-9 * 1e6)
+    counts_cross = 3 * (4 + 0.125 * 4 * 1e6) / (1.25e9 / 8) + 3 * 25e-6
     votes_intra = 7 / 8 * (4 + 0.125 * 8e6) / 100e9 + 7 * 5e-6
-    assert collective[0] == pytest.approx(4e-5 + votes_cross + votes_intra + intra)
+    assert collective[0] == pytest.approx(4e-5 + counts_cross + votes_intra + intra)
+    assert decode[0] == pytest.approx(5e-6 + 4 * 1e-9 * 1e6 + 2e-6)
+    # With 2 ranks per machine a count takes 2 bits, as the rows: the rows go across,
+    # the whole group's bytes, and 4 rows of the group are decoded.
+    pairs = machines_bench.Machines(4, 2, 100e9, 5e-6, 1.25e9, 25e-6)
+    encode, collective, decode = machines_bench.TwoLevelGroupCosts(
+        fit, wire, "allgather", pairs, decode_rows=True, votes=True)(np.array([0]),
+                                                                     np.array([1]))
+    assert encode[0] == pytest.approx(1e-5 + 2e-9 * 8e6 + 3e-6)
+    rows_cross = 3 * (4 + 0.125 * 8e6) / (1.25e9 / 2) + 3 * 25e-6
+    rows_intra = 1 / 2 * (4 + 0.125 * 8e6) / 100e9 + 5e-6
+    pairs_intra = 1 / 2 * 32e6 / 100e9 + 5e-6
+    assert collective[0] == pytest.approx(4e-5 + rows_cross + rows_intra + pairs_intra)
     assert decode[0] == pytest.approx(5e-6 + 4 * 1e-9 * 8e6 + 2e-6)
     # Horovod's hierarchical allreduce of 32 MB: inside, then 4 MB shards across
     hierarchical = machines_bench.HierarchicalNetwork(cluster).collective("allreduce", 32e6)

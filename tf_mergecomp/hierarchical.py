@@ -20,16 +20,20 @@ A cluster of M machines with L ranks each (Horovod's ``local_size()`` L and
 An allgather codec then moves M - 1 payloads per rank across machines instead of
 L * M - 1, and the codecs run on 1/L of the group.
 
-Votes. A codec whose combine is a vote of the ranks' payloads (signSGD's majority vote,
-``Compressor.votes_per_rank``) would, after step 1, take one vote per machine: with 2
-machines a coordinate on which they disagree is a tie. Its groups (with a memory that
-keeps no state) count every rank's vote instead (``reduce_group_by_votes``): each rank
+Votes. A codec whose combine is a vote of the ranks' payloads (signSGD's and SIGNUM's
+majority vote, ``Compressor.votes_per_rank``) would, after step 1, take one vote per
+machine: with 2 machines a coordinate on which they disagree is a tie. Its groups (with
+a memory that needs nothing of the payload: none, or SIGNUM's momentum, which each rank
+keeps whole and applies to its own gradients first, levels.py) count every rank's vote
+instead (``reduce_group_by_votes``): each rank
 encodes every shard of its own gradients, an alltoall inside the machine hands local rank
 l the L payloads of shard l (1 bit per element, not float32), the allgather across
 machines collects the M * L payloads of the shard in rank order, and the decode is the
 flat one's, so the result is the flat reduce's bit for bit. Each rank then sends L shards'
 payloads (the group's bytes) across machines and receives M - 1 such rows, instead of
-L * M - 1 rows flat.
+L * M - 1 rows flat. With L >= 3 it sends the machine's count of "+" votes per element
+instead, in ceil(log2(L + 1)) bits (4 for 8 ranks, not 8), and the vote of the M counts is
+still the flat one.
 
 Shards. Each gradient tensor of n elements is cut into L pieces of ceil(n / L) elements
 (the last one padded with zeros); shard l of a group is piece l of each of its tensors,
@@ -239,7 +243,7 @@ class TwoLevelReduce:
                                   cross)
         return self._gather(decoded, grads, pieces, key, machine)
 
-    def reduce_group_by_votes(self, grads, key, encode, decode, wrap=None):
+    def reduce_group_by_votes(self, grads, key, encode, decode, wrap=None, counter=None):
         """``reduce_group`` for a codec whose combine is a vote of the ranks' payloads
         (``Compressor.votes_per_rank``): every rank's vote counts, as on the flat path,
         where a machine's average would cast one vote for its L ranks.
@@ -250,7 +254,13 @@ class TwoLevelReduce:
         allgathered (M * L rows, in rank order, as the flat allgather orders them) and
         ``decode(rows, context, num_rows, pieces)`` -> (decoded pieces, flags) decodes
         them; the decoded shards are allgathered inside the machine. The result is the
-        flat reduce's, bit for bit."""
+        flat reduce's, bit for bit.
+
+        ``counter``: the codec, when it can count votes (``count_votes``,
+        ``vote_of_counts``). Where a count of the machine's L votes takes fewer bits
+        than L (L >= 3: 4 bits for 8 ranks), each rank sends across machines the counts
+        of its shard instead of the L rows, and the vote of the M counts is the flat
+        one still."""
         machine, cross = self._communicators(wrap)
         pieces, by_shard = self._by_shard(grads)
         columns = tf.split(by_shard, pieces, axis=1) if len(pieces) > 1 else [by_shard]
@@ -258,9 +268,18 @@ class TwoLevelReduce:
                   for shard in range(self.layout.ranks_per_machine)]
         encoded = [encode(shard) for shard in shards]
         mine = machine.alltoall(tf.stack([row for row, _ in encoded]), key + ("votes",))
-        collected = cross.allgather(tf.reshape(mine, [-1]), key)
-        local = self.layout.local_rank
-        decoded, _ = decode(collected, encoded[local][1], self.layout.size, shards[local])
+        ranks, local = self.layout.ranks_per_machine, self.layout.local_rank
+        if counter is not None and counter.count_bits(ranks) < ranks:
+            shard_size = sum(pieces)
+            counts = counter.count_votes(tf.reshape(mine, [ranks, -1]), shard_size, len(pieces))
+            collected = tf.reshape(cross.allgather(counts, key), [self.layout.machines, -1])
+            vote, marked = counter.vote_of_counts(collected, shard_size, len(pieces), ranks)
+            votes = tf.split(vote, pieces) if len(pieces) > 1 else [vote]
+            decoded = [tf.where(marked[i], tf.fill([piece], float("nan")), votes[i])
+                       for i, piece in enumerate(pieces)]
+        else:
+            collected = cross.allgather(tf.reshape(mine, [-1]), key)
+            decoded, _ = decode(collected, encoded[local][1], self.layout.size, shards[local])
         return self._gather(decoded, grads, pieces, key, machine)
 
     def _communicators(self, wrap):

@@ -1,7 +1,9 @@
 """The level each group of a MergeComp reduces on: flat, or two levels (hierarchical.py).
 
 ``hierarchical=True``: every group takes two levels; each rank's state is its piece of
-every tensor (1/L of the flat state, L ranks per machine).
+every tensor (1/L of the flat state, L ranks per machine), except where the compressor's
+groups count every rank's vote with a state (SIGNUM's momentum): that state stays whole,
+as flat, and a plain group sends it before its reduce-scatter.
 ``hierarchical=False``: every group is flat, as before the setting existed.
 ``hierarchical=None`` (default): flat, unless a group's codec name ends in ``TWO_LEVEL``
 (``"efsignsgd/two-level"``, ``"none/two-level"``): the partition search offers these per
@@ -132,7 +134,7 @@ class TwoLevelGroups:
             return
         layout = self._machine_layout = hierarchical.MachineLayout.from_horovod()
         state_shards, piece_shards = 1, 1
-        if layout.two_level and self.hierarchical:
+        if layout.two_level and self.hierarchical and not self._votes_on_whole_state:
             state_shards = layout.ranks_per_machine
         elif layout.two_level and hierarchical.process_sets_available(layout):
             piece_shards = layout.ranks_per_machine
@@ -175,15 +177,22 @@ class TwoLevelGroups:
                                 codec_name):
         two = self.runs_two_levels(codec_name)
         codec_name, _ = split_level(codec_name)
+        votes = two and self._votes_per_rank(codec_name)
         pieces = list(self._piece_state or [])[start:start + len(grads)]
         clear = None
         if self._two_level is not None and self.hierarchical is None and self._piece_state:
             # Both states kept: the other level's goes out with this step, then is zero.
-            if two:
+            # A group that votes per rank uses the whole state, as a flat one does.
+            if two and not votes:
                 flush = plain_groups.StateFlush(self.memory, state_vars, grads)
                 grads, clear = flush.gradients_to_send(), flush.clear_sent_state
             else:
                 grads, clear = self._spread_flush(pieces, grads)
+        elif two and not votes and self.hierarchical and self._state_shards == 1:
+            # The whole state (kept for the compressor's votes): a plain group sends it.
+            flush = plain_groups.StateFlush(self.memory, state_vars, grads)
+            grads, clear = flush.gradients_to_send(), flush.clear_sent_state
+            state_vars = []
         if not two:
             outputs, flags = self._reduce_group(index, start, grads, state_vars, step,
                                                 communicator, codec_name)
@@ -198,10 +207,13 @@ class TwoLevelGroups:
             # The search's recorder hands a communicator that times the group's
             # collectives: it times the three of a two-level group (``around``).
             wrap = getattr(communicator, "around", None)
-            if self._votes_per_rank(codec_name):
+            if votes:
+                compensated, state_updates = self._compensate_whole(grads, state_vars)
                 encode, decode = self._vote_coding(step, start, communicator)
-                outputs, flags = self._two_level.reduce_group_by_votes(
-                    grads, key, encode, decode, wrap=wrap)
+                with tf.control_dependencies(state_updates):
+                    outputs, flags = self._two_level.reduce_group_by_votes(
+                        compensated, key, encode, decode, wrap=wrap, counter=self.compressor)
+                outputs = [tf.cast(o, g.dtype) for o, g in zip(outputs, grads)]
             else:
                 outputs, flags = self._two_level.reduce_group(grads, key, reduce_shard,
                                                               wrap=wrap)
@@ -213,9 +225,41 @@ class TwoLevelGroups:
     def _votes_per_rank(self, codec_name):
         """Whether a two-level group of ``codec_name`` counts every rank's vote
         (``TwoLevelReduce.reduce_group_by_votes``): the compressor's own codec, when it
-        votes (signSGD) and its memory keeps no state (which would be per rank, whole)."""
+        votes (signSGD, SIGNUM) and its memory needs nothing of the payload (none, or
+        SIGNUM's momentum: applied to the whole gradients before the encode)."""
         return (codec_name == self.compressor.name and self.compressor.votes_per_rank
-                and not self.memory.state_names)
+                and not self.memory.needs_sent)
+
+    @property
+    def _votes_on_whole_state(self):
+        """Whether the compressor's two-level groups vote per rank with each rank's whole
+        state, as flat (SIGNUM's momentum): ``hierarchical=True`` then keeps no pieces."""
+        return self._votes_per_rank(self.compressor.name) and bool(self.memory.state_names)
+
+    def _compensate_whole(self, grads, state_vars):
+        """(what this rank votes on: each gradient compensated by the memory with its
+        whole state, as float32, all NaN where the gradient is non-finite; the state's
+        assignments). As the flat reduce: a non-finite tensor is zeroed before the
+        memory, and the state of a rank holding one stays as it was."""
+        if not self.memory.state_names:
+            return grads, []
+        bad = [tf.logical_not(tf.reduce_all(tf.math.is_finite(g))) for g in grads]
+        keep = tf.reduce_any(tf.stack(bad))
+        buffers = len(self.memory.state_names)
+        compensated, updates = [], []
+        for grad, variable, nonfinite in zip(grads, state_vars, bad):
+            n = grad.shape.num_elements()
+            value = variable.read_value()
+            old = {name: value[b * n:(b + 1) * n]
+                   for b, name in enumerate(self.memory.state_names)}
+            flat = tf.reshape(tf.cast(tf.where(nonfinite, tf.zeros_like(grad), grad),
+                                      tf.float32), [-1])
+            values, state = self.memory.compensate(flat, old)
+            kept = [tf.where(keep, old[name], state[name]) for name in self.memory.state_names]
+            updates.append(variable.assign(tf.concat(kept + [value[buffers * n:]], 0)))
+            values = tf.where(nonfinite, tf.fill([n], float("nan")), values)
+            compensated.append(tf.reshape(values, grad.shape))
+        return compensated, updates
 
     def _vote_coding(self, step, start, communicator):
         """(encode, decode) of the compressor's codec for ``reduce_group_by_votes``: the
@@ -253,7 +297,7 @@ class TwoLevelGroups:
     def _flush_before_plain_horovod(self, state, dense):
         """(gradients plus what the memory has not sent, the function making the ops that
         clear it afterwards) for a step that plain Horovod reduces."""
-        if self._two_level is not None and self.hierarchical:
+        if self._state_shards > 1:  # each rank's state is its piece of every tensor
             return self._spread_flush(state, dense)
         flush = plain_groups.StateFlush(self.memory, state, dense)
         sent = flush.gradients_to_send()

@@ -98,7 +98,6 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         self._group_codecs_spec = None
         self._group_codecs = None
         self._steps_aside = False
-        self.partition_version = 0
         self._layout = None
         self._state = None
         self._eager_reduce = None
@@ -200,7 +199,6 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         self._splits = splits
         self._group_codecs = codecs
         self._steps_aside = False
-        self.partition_version += 1
         self._eager_reduce = None
 
     @property
@@ -216,7 +214,6 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         its state from zero. Needs the Horovod hook (importing tf_mergecomp
         installs it), which hands MergeComp plain Horovod's reduce function."""
         self._steps_aside = True
-        self.partition_version += 1
         self._eager_reduce = None
 
     def describe(self):

@@ -7,6 +7,7 @@ and of a gradient that rank 3 holds non-finite.
 ``train``: a few training steps per compressing codec, hierarchical against flat:
 weights, state sizes, a rank-state checkpoint round trip of the sharded state, then a
 group turned plain and MergeComp stepping aside (the sharded state flushed).
+``two_by_three`` (horovodrun -H a:3,b:3): signSGD's and SIGNUM's votes, counted per machine.
 ``registered``: one exact reduce with the process sets given to ``hvd.init``.
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
 machine, or one machine: both must be the flat reduce, bit for bit), then rank 0 asking
@@ -37,8 +38,8 @@ else:
 SHAPES = [[5, 3], [7], [4, 4], [3]]
 
 
-def gradients_of(rank):
-    rng = np.random.RandomState(10 + rank)
+def gradients_of(rank, step=0):
+    rng = np.random.RandomState(10 + rank + 100 * step)
     return [rng.randn(*shape).astype(np.float32) for shape in SHAPES]
 
 
@@ -49,12 +50,13 @@ def reduce_once(mc):
 
 
 def machine_votes():
-    """signSGD's vote of the 2 machines' averages (ties +1): what two levels would give
-    if a machine's average voted for its 2 ranks."""
-    votes = []
+    """signSGD's vote of the machines' averages (ties +1): what two levels would give
+    if a machine's average voted for its ranks."""
+    votes, ranks = [], hvd.local_size()
     for i in range(len(SHAPES)):
-        total = sum(np.where(np.mean([gradients_of(r)[i] for r in (2 * m, 2 * m + 1)], axis=0)
-                             < 0, -1.0, 1.0) for m in range(2))
+        total = sum(np.where(np.mean([gradients_of(r)[i] for r in range(m * ranks,
+                                                                        (m + 1) * ranks)],
+                                     axis=0) < 0, -1.0, 1.0) for m in range(hvd.cross_size()))
         votes.append(np.where(total >= 0, 1.0, -1.0))
     return votes
 
@@ -95,37 +97,17 @@ def run_exact():
                max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))),
                state_sizes=[int(v.shape.num_elements()) for v in mc.state_variables()])
-    # signSGD on two levels counts every rank's vote: the flat reduce's result bit for
-    # bit, through the fused ops and the plain-TF path, with a NaN of rank 3 or without.
+    run_votes()
+    # Opted out: each machine's average votes.
     by_machines = machine_votes()
-    for nan in (False, True):
-        grads = gradients_of(hvd.rank())
-        if nan and hvd.rank() == 3:
-            grads[1][2] = np.nan
-        results, collectives = {}, {}
-        for name, codec, hierarchical_choice in (
-                ("flat", "signsgd", False), ("ops", "signsgd", True),
-                ("reference", reference.plain(compressors.get("signsgd")), True)):
-            mc = MergeComp(codec, partitions=2, hierarchical=hierarchical_choice)
-            before = int(mc.collectives_executed.numpy())
-            results[name] = [o.numpy()
-                             for o in mc.make_reduce_fn()([tf.constant(g) for g in grads])]
-            collectives[name] = int(mc.collectives_executed.numpy()) - before
-        # Opted out: each machine's average votes.
-        by_machine = MergeComp("signsgd", partitions=2, hierarchical=True,
-                               two_level_vote="machine")
-        machine_out = [o.numpy() for o in by_machine.make_reduce_fn()([tf.constant(g)
-                                                                       for g in grads])]
-        report(codec="votes_nan" if nan else "votes", collectives=collectives,
-               nan_tensors=[bool(np.all(np.isnan(o))) for o in results["flat"]],
-               matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
-                                       for a, b in zip(results["flat"], results[name]))
-                             for name in ("ops", "reference")},
-               differs_from_machine_votes=not all(
-                   np.array_equal(a, b) for a, b in zip(results["flat"], by_machines)),
-               machine_option_votes_by_machine=all(
-                   np.array_equal(a, b) for a, b in zip(machine_out, by_machines)),
-               machine_option_describe=by_machine.describe().get("compressor_params"))
+    for codec in ("signsgd", "signum"):
+        by_machine = MergeComp(codec, partitions=2, hierarchical=True, two_level_vote="machine")
+        machine_out = reduce_once(by_machine)
+        report(codec=codec + "_machine_votes",
+               votes_by_machine=all(np.array_equal(a, b)
+                                    for a, b in zip(machine_out, by_machines)),
+               describe=by_machine.describe().get("compressor_params"),
+               state_sizes=[int(v.shape.num_elements()) for v in by_machine.state_variables()])
     # A NaN in one tensor of rank 3: that tensor all NaN everywhere, the others exact.
     mc = MergeComp("efsignsgd", partitions=2, hierarchical=True)
     grads = gradients_of(hvd.rank())
@@ -142,6 +124,51 @@ def run_exact():
                in_float16=in_float16(out),
                max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)),
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))))
+
+
+def run_votes():
+    """signSGD and SIGNUM on two levels count every rank's vote (with 3 ranks per machine
+    or more, as counts): the flat reduce's result bit for bit, step after step (SIGNUM's
+    momentum whole on each rank), through the fused ops, the plain-TF path and a search's
+    two-level groups, with a NaN of rank 3 at the second step or without."""
+    by_machines = machine_votes()
+    steps = 3
+    for codec in ("signsgd", "signum"):
+        for nan in (False, True):
+            results, collectives, states = {}, {}, {}
+            for name, compressor, hierarchical_choice in (
+                    ("flat", codec, False), ("ops", codec, True),
+                    ("reference", reference.plain(compressors.get(codec)), True),
+                    ("searched", codec, None)):
+                mc = MergeComp(compressor, partitions=[2], hierarchical=hierarchical_choice)
+                if hierarchical_choice is None:
+                    mc.set_partition([2], group_codecs=[codec + "/two-level"] * 2)
+                reduce = mc.make_reduce_fn()
+                before = int(mc.collectives_executed.numpy())
+                results[name] = []
+                for step in range(steps):
+                    grads = gradients_of(hvd.rank(), step)
+                    if nan and step == 1 and hvd.rank() == 3:
+                        grads[1][2] = np.nan
+                    results[name].append([o.numpy() for o in reduce([tf.constant(g)
+                                                                      for g in grads])])
+                collectives[name] = int(mc.collectives_executed.numpy()) - before
+                states[name] = [v.numpy() for v in
+                                (mc.existing_state_variables() or [])[:mc.num_tensors]]
+            report(codec=codec + ("_votes_nan" if nan else "_votes"), collectives=collectives,
+                   nan_tensors=[[bool(np.all(np.isnan(o))) for o in outputs]
+                                for outputs in results["flat"]],
+                   matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
+                                           for step in range(steps)
+                                           for a, b in zip(results["flat"][step],
+                                                           results[name][step]))
+                                 for name in ("ops", "reference", "searched")},
+                   state_matches_flat={name: len(states[name]) == len(states["flat"]) and all(
+                       np.array_equal(a, b) for a, b in zip(states["flat"], states[name]))
+                       for name in ("ops", "reference", "searched")},
+                   state_nonzero=float(sum(np.abs(v).sum() for v in states["flat"])),
+                   differs_from_machine_votes=not all(
+                       np.array_equal(a, b) for a, b in zip(results["flat"][0], by_machines)))
 
 
 def train(mc, steps, model=None, optimizer=None):
@@ -272,6 +299,8 @@ def run_registered():
 
 if mode == "registered":
     run_registered()
+elif mode == "two_by_three":
+    run_votes()
 elif mode == "two_by_two":
     run_exact()
     run_train()

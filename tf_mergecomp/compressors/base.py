@@ -54,7 +54,9 @@ class Compressor:
         ``reduce_group()`` instead of running the flat-buffer path.
       votes_per_rank: True when ``combine`` is a vote of the workers' payloads
         (signSGD's majority vote): a two-level group then counts every rank's
-        vote, as the flat reduce does (tf_mergecomp/hierarchical.py).
+        vote, as the flat reduce does (tf_mergecomp/hierarchical.py), a machine's
+        votes counted by the codec's ``count_bits``, ``count_votes`` and
+        ``vote_of_counts``.
     """
 
     name = None

@@ -12,9 +12,13 @@ State: the momentum m, one float32 per element (the ``momentum`` memory,
 
 Defaults: beta = 0.9 (must be in [0, 1)).
 
-On two levels (tf_mergecomp/hierarchical.py) each machine casts one vote: the rank
-holding a piece keeps the momentum of the machine's average gradient for that piece.
-Counting every rank's vote, as signsgd does, would need each rank's whole momentum.
+On two levels (machines of L ranks, tf_mergecomp/hierarchical.py), ``two_level_vote``:
+``"rank"`` (default) counts every rank's vote, the flat reduce bit for bit: each rank
+keeps its whole momentum, as flat, applies it to its own gradients and sends the signs
+of every shard (its group's bits) across machines. ``"machine"``: each machine's average
+votes; the rank holding a piece keeps the momentum of the machine's average gradient for
+that piece (1/L of the state, L times fewer bytes across machines, M voters instead of
+L * M).
 
 Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
 is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.
@@ -30,17 +34,14 @@ class SignumCompressor(SignSGDCompressor):
     name = "signum"
     default_memory = "momentum"
 
-    def __init__(self, beta=0.9):
+    def __init__(self, beta=0.9, two_level_vote="rank"):
         beta = check_in_interval("signum beta", beta, "[0, 1)")
-        super().__init__()
+        super().__init__(two_level_vote)
         self.beta = beta
-        # On two levels its momentum is of the machine's average, per piece: one vote
-        # per machine (every rank's vote would need each rank's whole momentum).
-        self.two_level_vote = "machine"
 
     @property
     def params(self):
-        return {"beta": self.beta}
+        return {"beta": self.beta, **super().params}
 
     def default_memory_params(self):
         return {"beta": self.beta}
