@@ -338,6 +338,19 @@ def test_two_by_two_training_and_sharded_checkpoint(two_by_two):
 
 
 @pytest.mark.multiworker
+def test_two_by_two_signums_whole_momentum_flushes_when_plain(two_by_two):
+    ranks = two_by_two["signum_switches"]
+    assert len({r["checksum"] for r in ranks}) == 1  # weights identical on all 4
+    for r in ranks:
+        assert r["two_level"] and r["trained_state"] > 0
+        # The whole momentum of every tensor, as flat (backprop order: reversed).
+        assert r["state_sizes"] == r["flat_state_sizes"][::-1]
+        assert r["plain_group_state"] == [0.0, 0.0], r  # sent and cleared
+        assert min(r["voting_group_state"]) > 0, r      # still the group's momentum
+        assert r["stepped_aside_state"] == 0.0
+
+
+@pytest.mark.multiworker
 def test_two_by_two_with_process_sets_registered_at_init():
     from tests import horovodrun
 

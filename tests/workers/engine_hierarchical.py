@@ -224,6 +224,27 @@ def run_train():
                checksum=weights_checksum(model))
 
 
+def run_whole_state_switches():
+    """SIGNUM with hierarchical=True keeps each rank's whole momentum (its votes per rank):
+    a group turned plain sends it and clears it, so does stepping aside for plain Horovod."""
+    mc = MergeComp("signum", partitions=2, hierarchical=True)
+    model, optimizer = train(mc, 3)
+    sizes = [len(s) for s in state_of(mc)]
+    trained = float(sum(np.abs(s).sum() for s in state_of(mc)))
+    mc.set_partition([2], group_codecs=["none", "signum"])
+    train(mc, 1, model, optimizer)
+    plain_group = [float(np.abs(s).max()) for s in state_of(mc)[:2]]
+    voting_group = [float(np.abs(s).max()) for s in state_of(mc)[2:]]
+    mc.set_plain_horovod()
+    train(mc, 1, model, optimizer)
+    report(codec="signum_switches", two_level=mc.two_level, state_sizes=sizes,
+           flat_state_sizes=[int(w.shape.num_elements()) for w in model.trainable_variables],
+           trained_state=trained, plain_group_state=plain_group,
+           voting_group_state=voting_group,
+           stepped_aside_state=float(sum(np.abs(s).sum() for s in state_of(mc))),
+           checksum=weights_checksum(model))
+
+
 def run_bitwise():
     codecs = (("efsignsgd", {}), ("topk", {"ratio": 0.3}))[:int(sys.argv[2])]
     for codec, params in codecs:
@@ -304,6 +325,7 @@ elif mode == "two_by_three":
 elif mode == "two_by_two":
     run_exact()
     run_train()
+    run_whole_state_switches()
     run_mixed_levels()
 else:
     run_bitwise()
