@@ -330,3 +330,6 @@ elif mode == "two_by_two":
 else:
     run_bitwise()
     run_disagreement()
+# The last collectives ran on process sets: a machine that finished first would exit and
+# shut Horovod down under the other one's pending allgather. Every rank waits for all here.
+hvd.join()
