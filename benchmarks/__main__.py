@@ -47,6 +47,18 @@ def _profile_model(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _json_object(text):
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError("not JSON: %s" % error) from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, got %r" % (value,))
+    return value
+
+
 def _positive(convert):
     def parse(text):
         value = convert(text)
@@ -314,6 +326,9 @@ def _parity_options(parity):
                         help="N >= 2 (with --np 2N): two machines of N ranks on this one "
                              "(horovodrun -H localhost:N,127.0.0.1:N), one group flat against "
                              "one group on two levels for every codec (default 1)")
+    parity.add_argument("--codec-params", type=_json_object, default=None,
+                        help="JSON {algorithm: {parameter: value}} for that algorithm's "
+                             "MergeComp in every config, e.g. '{\"randomk\": {\"ratio\": 0.1}}'")
     parity.add_argument("--timeout", type=float, default=1500.0)
     parity.add_argument("--out", default=OUT_DEFAULTS["parity"])
 

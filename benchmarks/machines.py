@@ -254,7 +254,7 @@ class MachineSimulation:
                 raise ValueError("a float16 reduce inside the machine needs the profile's fp16")
             cast = s.codec_fit("fp16", without=("collective",))
         costs = TwoLevelGroupCosts(
-            s.codec_fit(name), s.wire(name), kind, machines,
+            s.group_fit(name), s.wire(name), kind, machines,
             calls=int(codec.get("collectives_per_group", 1)), decode_rows=kind == ALLGATHER,
             probe_workers=s.probe_workers, probe_link=s.probe_link,
             intra_bytes=2.0 if fp16 else 4.0, cast=cast, whole_group_codec=name == "fp16",

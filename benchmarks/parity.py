@@ -60,7 +60,27 @@ def learning_rate(algorithm):
     return LEARNING_RATE
 
 
-def plan_configs(algorithms, ranks_per_machine=1):
+def check_codec_params(codec_params, algorithms):
+    """``--codec-params``: {algorithm: {parameter: value}} for algorithms of the run, each
+    accepted by its compressor (built here, before any rank starts). Returns a dict."""
+    from tf_mergecomp import compressors
+
+    codec_params = dict(codec_params or {})
+    for name, params in codec_params.items():
+        if name not in algorithms:
+            raise ValueError("--codec-params names %r, which is not among the run's algorithms "
+                             "(%s)" % (name, ", ".join(algorithms)))
+        if not isinstance(params, dict):
+            raise ValueError("--codec-params: %r must map to {parameter: value}, got %r"
+                             % (name, params))
+        compressors.get(name, **params)  # a bad parameter or value is refused here
+    return codec_params
+
+
+def plan_configs(algorithms, ranks_per_machine=1, codec_params=None):
+    """The run's configs; ``codec_params`` ({algorithm: {parameter: value}}) go to that
+    algorithm's MergeComp in every config of it."""
+    codec_params = codec_params or {}
     configs = [{"label": "horovod fp32", "kind": "horovod", "compression": "none"}]
     for algorithm in algorithms:
         modes = MODES
@@ -69,6 +89,8 @@ def plan_configs(algorithms, ranks_per_machine=1):
         for mode in modes:
             configs.append({"label": "%s %s" % (algorithm, mode), "kind": "mergecomp",
                             "algorithm": algorithm, "partition": mode})
+            if algorithm in codec_params:
+                configs[-1]["params"] = dict(codec_params[algorithm])
     return configs
 
 
@@ -374,8 +396,11 @@ def _run_once(args):
     ranks_per_machine = getattr(args, "ranks_per_machine", 1)
     hosts = machines_hosts(args.num_proc, ranks_per_machine)
     os.makedirs(args.out, exist_ok=True)
-    notes = []
-    spec = {"epochs": args.epochs, "configs": plan_configs(args.algorithms, ranks_per_machine),
+    codec_params = check_codec_params(getattr(args, "codec_params", None), args.algorithms)
+    notes = ["%s with %s" % (name, ", ".join("%s=%r" % item for item in sorted(params.items())))
+             for name, params in sorted(codec_params.items())]
+    spec = {"epochs": args.epochs,
+            "configs": plan_configs(args.algorithms, ranks_per_machine, codec_params),
             "seed": SEED if getattr(args, "seed", None) is None else args.seed,
             "result_path": os.path.abspath(os.path.join(args.out, "parity.json")),
             "search_params": {"steps_per_candidate": 3, "verbose": 0}}

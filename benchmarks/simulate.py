@@ -150,12 +150,32 @@ class Simulation:
         self.probe_link = (profile.get("probe_link") or {}).get("delivered_bytes_per_s")
 
     # ---- cost functions ----------------------------------------------------
+    def copies_on_horovods_thread(self, name):
+        """Whether codec ``name``'s copies (its encode and decode) run on Horovod's thread:
+        the plain float32 codec, which the library sends as Horovod fp32 does (one
+        grouped collective of the group's own tensors, copied into and out of Horovod's
+        fusion buffer by Horovod), where those copies leave the compute stream (a GPU:
+        Horovod's own stream). On a CPU host that thread takes the same cores, and the
+        copies stay where they were measured."""
+        return name == self.profile["horovod"]["fp32"] and not self.fusion_copies_on_compute
+
     def codec_fit(self, name, without=()):
         coefficients = np.asarray(codec_coefficients(self.codecs[name]), dtype=np.float64)
         if self.probe_waits_cycle:
             coefficients[1, 0] = max(0.0, coefficients[1, 0] - self.probe_cycle_s)
         for part in without:
             coefficients[step_model.LinearGroupCosts.PARTS.index(part)] = 0.0
+        return step_model.LinearGroupCosts(self.sizes, coefficients)
+
+    def group_fit(self, name):
+        """``codec_fit`` as a group of the codec pays it: its copies in its collective
+        where ``copies_on_horovods_thread``."""
+        fit = self.codec_fit(name)
+        if not self.copies_on_horovods_thread(name):
+            return fit
+        coefficients = fit.coefficients.copy()
+        coefficients[1] += coefficients[0] + coefficients[2]
+        coefficients[0] = coefficients[2] = 0.0
         return step_model.LinearGroupCosts(self.sizes, coefficients)
 
     def codec_group_costs(self, name):
@@ -166,9 +186,9 @@ class Simulation:
         overhead (taken one by one they priced the transformer's layer-wise exchange
         up to 65% slow against 44% by the fit: docs/scaling.md, section 3). The
         collective stays the fit's: the network model replaces its transfer."""
-        fit = self.codec_fit(name)
+        fit = self.group_fit(name)
         probed = self.codecs[name].get("probed")
-        if not probed or not probed["bounds"]:
+        if not probed or not probed["bounds"] or self.copies_on_horovods_thread(name):
             return fit
         bounds = np.asarray(probed["bounds"], dtype=np.int64).reshape(-1, 2).tolist()
         return step_model.MeasuredGroupCosts(fit, {
@@ -231,16 +251,8 @@ class Simulation:
     def horovod(self, which, network):
         """(layout, seconds) of Horovod's per-tensor allreduce with tensor fusion."""
         name = self.profile["horovod"][which]
-        fit = self.codec_fit(name)
-        if which == "fp32" and not self.fusion_copies_on_compute:
-            # No cast: copying into and out of the fusion buffer runs on
-            # Horovod's own thread (a GPU: its own stream), so it is the
-            # collective's, not backprop's. On a CPU host that thread takes
-            # the same cores, and the copies stay where they were measured.
-            coefficients = fit.coefficients.copy()
-            coefficients[1] += coefficients[0] + coefficients[2]
-            coefficients[0] = coefficients[2] = 0.0
-            fit = step_model.LinearGroupCosts(self.sizes, coefficients)
+        # fp32: no cast, its copies as ``copies_on_horovods_thread`` says.
+        fit = self.group_fit(name)
         wire = self.wire(name)
         tensor_bytes = wire(np.arange(self.num_tensors), np.arange(1, self.num_tensors + 1))
         costs = self._exchange(network_model.FusedGroupCosts(

@@ -31,10 +31,32 @@ class FakeCommunicator:
     def allgather(self, tensor, key):
         return tf.concat(self._world.exchange(self.rank, "allgather", key, tensor), axis=0)
 
+    def reducescatter_mean(self, tensor, key):
+        """Rank r's part of the average: Horovod's split of the first dimension (the
+        first n % size ranks one element more)."""
+        averaged = self.allreduce_mean(tensor, ("reducescatter", key))
+        return _part(averaged, self.rank, self.size)
+
+    def grouped_allreduce_mean(self, tensors, key):
+        return [self.allreduce_mean(t, (key, i)) for i, t in enumerate(tensors)]
+
+    def grouped_reducescatter_mean(self, tensors, key):
+        return [self.reducescatter_mean(t, (key, i)) for i, t in enumerate(tensors)]
+
+    def grouped_allgather(self, tensors, key):
+        return [self.allgather(t, (key, i)) for i, t in enumerate(tensors)]
+
     def alltoall(self, tensor, key):
         """Row r of the result: row ``rank`` of rank r's ``tensor`` (one row per rank)."""
         return tf.stack([rows[self.rank]
                          for rows in self._world.exchange(self.rank, "alltoall", key, tensor)])
+
+
+def _part(tensor, rank, size):
+    n = int(tensor.shape[0])
+    base, extra = divmod(n, size)
+    start = rank * base + min(rank, extra)
+    return tensor[start:start + base + (1 if rank < extra else 0)]
 
 
 class FakeWorld:

@@ -145,6 +145,54 @@ def test_votes_counted_per_machine_are_the_flat_vote(route, machines, ranks_per_
     assert {b for world in cross_worlds for b in world.sent_bytes} == {across}
 
 
+@pytest.mark.parametrize("machines, ranks_per_machine", [(2, 3), (2, 2)])
+def test_plain_group_through_horovods_grouped_collectives(machines, ranks_per_machine):
+    """A ``none`` group on two levels (threads, tests/_fake_comm.py): each tensor is
+    reduce-scattered in Horovod's parts (a tensor of fewer elements than ranks padded), its
+    part averaged across machines and the parts allgathered, with no concatenation: the
+    flat average, each tensor's own bytes on each level, a NaN on one rank flagged."""
+    import tensorflow as tf
+
+    from tests._fake_comm import FakeWorld
+
+    shapes = [[5, 3], [7], [2], [4, 4]]  # [2]: fewer elements than 3 ranks
+    size = machines * ranks_per_machine
+
+    def gradients(rank):
+        rng = np.random.RandomState(rank)
+        grads = [rng.randn(*shape).astype(np.float32) for shape in shapes]
+        if rank == size - 2:
+            grads[1][3] = np.nan
+        return grads
+
+    machine_worlds = [FakeWorld(ranks_per_machine) for _ in range(machines)]
+    cross_worlds = [FakeWorld(machines) for _ in range(ranks_per_machine)]
+
+    def run(rank, _):
+        layout = hierarchical.MachineLayout(rank, size, ranks_per_machine, machines)
+        two_level = hierarchical.TwoLevelReduce(
+            layout, machine_worlds[layout.machine].communicator(layout.local_rank),
+            cross_worlds[layout.local_rank].communicator(layout.machine))
+        outputs, flags = two_level.reduce_group_by_horovod(
+            [tf.constant(g) for g in gradients(rank)], (0, 0))
+        return [o.numpy() for o in outputs], flags.numpy()
+
+    want = [np.mean([gradients(r)[i] for r in range(size)], axis=0) for i in range(len(shapes))]
+    for outputs, flags in FakeWorld(size).run(run):
+        assert list(flags) == [0, 1, 0, 0]
+        for out, expected, shape in zip(outputs, want, shapes):
+            assert list(out.shape) == shape
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+        assert np.isnan(outputs[1]).tolist() == [i == 3 for i in range(7)]
+    # One collective per tensor and level in the fake world (Horovod fuses them into one):
+    # reduce-scatter and allgather inside, the allreduce of the part across.
+    assert len(machine_worlds[0].calls[0]) == 2 * len(shapes)
+    assert len(cross_worlds[0].calls[0]) == len(shapes)
+    elements = [max(int(np.prod(s)), ranks_per_machine) for s in shapes]
+    part = sum(n // ranks_per_machine + (1 if n % ranks_per_machine else 0) for n in elements)
+    assert cross_worlds[0].sent_bytes[0] == 4 * part  # local rank 0 holds the larger parts
+
+
 def test_count_bits():
     from tf_mergecomp import compressors
 

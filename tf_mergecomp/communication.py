@@ -37,7 +37,7 @@ class HorovodCommunicator:
         # increment (tf.function runs stateful ops anyway), so counting adds
         # no dependency between groups.
         if self._counter is not None:
-            with tf.control_dependencies([result]):
+            with tf.control_dependencies(tf.nest.flatten(result)):
                 self._counter.assign_add(1)
         return result
 
@@ -83,6 +83,36 @@ class HorovodCommunicator:
         with self._checked_world():
             result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
         return self._counted(result)
+
+    # Horovod's grouped collectives: one collective for a list of tensors, which Horovod
+    # copies into its fusion buffer and back on its own thread (a GPU: its own stream).
+
+    def grouped_allreduce_mean(self, tensors, key):
+        """The ranks' average of each of ``tensors`` (one dtype)."""
+        with self._checked_world():
+            results = self._hvd.grouped_allreduce(
+                list(tensors), op=self._hvd.Average, name=self._name(key),
+                process_set=self.process_set)
+        return self._counted(list(results))
+
+    def grouped_reducescatter_mean(self, tensors, key):
+        """Rank r's part of the ranks' average of each 1-D tensor of ``tensors`` (one
+        dtype): Horovod's split into ``size`` contiguous parts, in rank order, as
+        ``grouped_allgather`` joins them back."""
+        from horovod.tensorflow import mpi_ops
+
+        with self._checked_world():
+            results = mpi_ops._grouped_reducescatter(
+                list(tensors), name=self._name(key), op=self._hvd.Average,
+                process_set=self.process_set)
+        return self._counted(list(results))
+
+    def grouped_allgather(self, tensors, key):
+        """Each of ``tensors``, concatenated over the ranks in rank order."""
+        with self._checked_world():
+            results = self._hvd.grouped_allgather(list(tensors), name=self._name(key),
+                                                  process_set=self.process_set)
+        return self._counted(list(results))
 
 
 def _flat_parts(key):

@@ -63,6 +63,8 @@ import os
 
 import tensorflow as tf
 
+from tf_mergecomp import plain_groups
+
 CHOICES = (True, False, None)
 MACHINE_DTYPES = ("float32", "float16")
 
@@ -242,6 +244,31 @@ class TwoLevelReduce:
         decoded, _ = reduce_shard(tf.split(shard, pieces) if len(pieces) > 1 else [shard],
                                   cross)
         return self._gather(decoded, grads, pieces, key, machine)
+
+    def reduce_group_by_horovod(self, grads, key, wrap=None):
+        """``reduce_group`` for a group sent plain in float32 (``none``) through Horovod's
+        grouped collectives, tensor by tensor with no concatenation of ours: each
+        tensor, flattened, is reduce-scattered inside the machine in Horovod's parts,
+        its part averaged across machines and the parts allgathered. Horovod copies the
+        tensors into its fusion buffer and back on its own thread. Returns the outputs
+        and ``plain_groups.nonfinite_flags``."""
+        machine, cross = self._communicators(wrap)
+        ranks, within = self.layout.ranks_per_machine, self.machine_dtype
+        flat = []
+        for grad in grads:
+            values = tf.cast(tf.reshape(grad, [-1]), within)
+            # Every rank a part: a tensor of fewer elements than ranks is zero-padded.
+            missing = ranks - grad.shape.num_elements()
+            flat.append(tf.pad(values, [[0, missing]]) if missing > 0 else values)
+        parts = machine.grouped_reducescatter_mean(flat, key + ("scatter",))
+        averaged = cross.grouped_allreduce_mean([tf.cast(p, tf.float32) for p in parts], key)
+        gathered = machine.grouped_allgather([tf.cast(a, within) for a in averaged],
+                                             key + ("gather",))
+        outputs = []
+        for grad, values in zip(grads, gathered):
+            values = tf.cast(values, tf.float32)[:grad.shape.num_elements()]
+            outputs.append(tf.cast(tf.reshape(values, grad.shape), grad.dtype))
+        return outputs, plain_groups.nonfinite_flags(outputs)
 
     def reduce_group_by_votes(self, grads, key, encode, decode, wrap=None, counter=None):
         """``reduce_group`` for a codec whose combine is a vote of the ranks' payloads

@@ -207,7 +207,14 @@ class TwoLevelGroups:
             # The search's recorder hands a communicator that times the group's
             # collectives: it times the three of a two-level group (``around``).
             wrap = getattr(communicator, "around", None)
-            if votes:
+            if self._sent_by_horovod(codec_name, grads):
+                # What this rank's pieces of the state have not sent goes with the
+                # gradients, spread as the reduce-scatter adds it.
+                grads, clear_pieces = self._spread_flush(shard_state, grads)
+                outputs, flags = self._two_level.reduce_group_by_horovod(grads, key, wrap=wrap)
+                with tf.control_dependencies(clear_pieces()):
+                    outputs = [tf.identity(o) for o in outputs]
+            elif votes:
                 compensated, state_updates = self._compensate_whole(grads, state_vars)
                 encode, decode = self._vote_coding(step, start, communicator)
                 with tf.control_dependencies(state_updates):

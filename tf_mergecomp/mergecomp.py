@@ -423,6 +423,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         if codec_name != self.compressor.name:
             return self._reduce_plain_group(grads, state_vars, seed, communicator,
                                             key + (codec_name,), self._plain_codecs[codec_name])
+        if self._sent_by_horovod(codec_name, grads):  # the compressor none, no memory
+            return plain_groups.reduce_by_horovod(grads, communicator, key)
         if self.compressor.reduces_own_groups:
             return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
                                                 key)
@@ -431,6 +433,13 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
                                              seed, communicator, key)
         return reference.reduce_group(self.compressor, self.memory, grads, state_vars, seed,
                                       communicator, key)
+
+    def _sent_by_horovod(self, codec_name, grads):
+        """Whether a group of ``codec_name`` goes to Horovod's grouped collectives
+        (plain_groups.py): a plain ``none`` group, or the compressor ``none`` with a
+        memory that keeps nothing."""
+        return plain_groups.goes_to_horovods_groups(codec_name, grads) and (
+            codec_name != self.compressor.name or not self.memory.state_names)
 
     def _reduce_plain_group(self, grads, state_vars, seed, communicator, key, codec):
         """A group sent with a plain codec (no error-feedback memory). The
@@ -447,7 +456,10 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             return reference.reduce_group(codec, plain_groups.NO_MEMORY, tensors, [], seed,
                                           communicator, key)
 
-        outputs, nonfinite = reduce_plainly(sent)
+        if plain_groups.goes_to_horovods_groups(codec.name, sent):
+            outputs, nonfinite = plain_groups.reduce_by_horovod(sent, communicator, key)
+        else:
+            outputs, nonfinite = reduce_plainly(sent)
         with tf.control_dependencies(flush.clear_sent_state()):
             outputs = [tf.identity(o) for o in outputs]
         return outputs, nonfinite

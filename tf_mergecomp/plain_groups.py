@@ -20,6 +20,12 @@ engine around the group, never inside a codec:
   mass) is kept as it is;
 - on a rank that holds a non-finite gradient in the group, the state stays
   exactly as it was and nothing pending is sent (as the compressed path does).
+
+A ``none`` group (and the compressor ``none`` without memory) goes to Horovod's
+grouped collectives as its own tensors (``goes_to_horovods_groups``): Horovod
+copies them into its fusion buffer and back on its own thread, as it does for
+plain Horovod, where a concatenated buffer would take two copies on the compute
+stream (on two levels: tf_mergecomp/hierarchical.py's ``reduce_group_by_horovod``).
 """
 
 import numbers
@@ -27,6 +33,7 @@ import numbers
 from tf_mergecomp import memory as memories
 
 PLAIN_CODECS = ("none", "fp16")
+HOROVOD_GROUPED_CODEC = "none"  # see goes_to_horovods_groups
 NO_MEMORY = memories.get("none")
 
 
@@ -115,3 +122,32 @@ class StateFlush:
             cleared = tf.where(self._keep, old, tf.zeros_like(old))
             updates.append(variable.assign(tf.concat([cleared, value[memory_size:]], 0)))
         return updates
+
+
+def goes_to_horovods_groups(codec_name, grads):
+    """Whether a group of ``codec_name`` goes to Horovod's grouped collectives (module
+    docstring): ``none``, over tensors of one dtype (a grouped collective takes one)."""
+    return codec_name == HOROVOD_GROUPED_CODEC and len({g.dtype for g in grads}) == 1
+
+
+def reduce_by_horovod(grads, communicator, key):
+    """(the ranks' average of ``grads`` by one grouped allreduce, ``nonfinite_flags``)."""
+    outputs = communicator.grouped_allreduce_mean(grads, key)
+    return outputs, nonfinite_flags(outputs)
+
+
+def nonfinite_flags(outputs):
+    """int32, 1 for each reduced tensor that is non-finite, as one that some rank held
+    non-finite is (an inf or a NaN stays one through the average), identical on every
+    rank as the outputs are. The outputs keep Horovod's values: not all NaN, as a
+    codec's decode makes them."""
+    import tensorflow as tf
+
+    # Two ops per tensor (IsFinite, All), the reduced axes shared by tensors of one rank.
+    axes, finite = {}, []
+    for output in outputs:
+        rank = output.shape.rank
+        if rank not in axes:
+            axes[rank] = tf.constant(list(range(rank)), tf.int32)
+        finite.append(tf.raw_ops.All(input=tf.math.is_finite(output), axis=axes[rank]))
+    return tf.cast(tf.logical_not(tf.stack(finite)), tf.int32)

@@ -264,13 +264,19 @@ class _ChainedCommunicator:
         return getattr(self._inner, name)
 
     def _collective(self, method, tensor, key):
-        stamp = _stamp_after([tensor])
+        """``method`` on a tensor, or on a list of them (a grouped collective)."""
+        grouped = isinstance(tensor, list)
+        tensors = tensor if grouped else [tensor]
+        stamp = _stamp_after(tensors)
         if self._stamps[ENCODE_END] is None:
             self._stamps[ENCODE_END] = stamp
         # A name apart from the training's collectives of the same group.
-        result = method(_after([tensor], stamp)[0], ("probe", key))
-        self._stamps[COLLECTIVE_END] = _stamp_after([result])
-        return _after([result], self._stamps[COLLECTIVE_END])[0]
+        inputs = _after(tensors, stamp)
+        result = method(inputs if grouped else inputs[0], ("probe", key))
+        results = result if grouped else [result]
+        self._stamps[COLLECTIVE_END] = _stamp_after(results)
+        outputs = _after(results, self._stamps[COLLECTIVE_END])
+        return outputs if grouped else outputs[0]
 
     def around(self, inner):
         """Another communicator (a two-level group's, tf_mergecomp/hierarchical.py),
@@ -288,6 +294,15 @@ class _ChainedCommunicator:
 
     def allgather(self, tensor, key):
         return self._collective(self._inner.allgather, tensor, key)
+
+    def grouped_allreduce_mean(self, tensors, key):
+        return self._collective(self._inner.grouped_allreduce_mean, list(tensors), key)
+
+    def grouped_reducescatter_mean(self, tensors, key):
+        return self._collective(self._inner.grouped_reducescatter_mean, list(tensors), key)
+
+    def grouped_allgather(self, tensors, key):
+        return self._collective(self._inner.grouped_allgather, list(tensors), key)
 
 
 def _stamp_after(tensors):
