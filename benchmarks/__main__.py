@@ -502,6 +502,7 @@ def main(argv=None):
         return 2
     try:
         parity.machines_hosts(args.num_proc, args.ranks_per_machine)
+        args.codec_params = parity.check_codec_params(args.codec_params, args.algorithms)
     except ValueError as error:
         print("error: %s" % error, file=sys.stderr)
         return 2

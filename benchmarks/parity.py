@@ -21,6 +21,9 @@ two levels (``MergeComp(hierarchical=None)`` with the group's codec
 ``"<codec>/two-level"``; PowerSGD has no two-level reduce and runs flat only); the table
 gives two levels against flat, ``TWO_LEVEL_TOLERANCE`` points at most.
 
+``--codec-params '{"randomk": {"ratio": 0.1}}'``: parameters of an algorithm's compressor
+in every config of it (checked before any rank starts; the tables name them).
+
 Optimizer: plain SGD for every config, learning rate 0.05 x workers, except
 DGC, whose memory adds momentum 0.9 (so 0.005 x workers gives the same
 effective step), and the majority-vote codecs (signsgd, signum), whose update

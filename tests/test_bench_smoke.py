@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark CLI's pieces (fast; the namespace tests need root + ip)."""
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -805,6 +806,28 @@ def test_parity_refuses_one_seed_and_several_together(tmp_path, capsys):
 
     assert main(["parity", "--seed", "1", "--seeds", "1,2", "--out", str(tmp_path)]) == 2
     assert "not both" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_parity_codec_params_reach_every_config_of_the_codec_and_bad_ones_are_refused(
+        tmp_path, capsys):
+    from benchmarks import parity
+    from benchmarks.__main__ import main
+
+    configs = parity.plan_configs(["randomk", "topk"], 2, {"randomk": {"ratio": 0.1}})
+    by_label = {c["label"]: c for c in configs}
+    assert by_label["randomk one"]["params"] == {"ratio": 0.1}
+    assert by_label["randomk one_two_level"]["params"] == {"ratio": 0.1}
+    assert "params" not in by_label["topk one"] and "params" not in by_label["horovod fp32"]
+    for given, message in (('{"randomk": {"ratio": 2}}', "ratio"),
+                           ('{"randomk": {"k": 3}}', "valid parameters: ratio, scale"),
+                           ('{"topk": {"ratio": 0.1}}', "not among the run's algorithms"),
+                           ('[1]', "JSON object")):
+        out = tmp_path / "out"
+        with pytest.raises(SystemExit) if given == "[1]" else contextlib.nullcontext():
+            assert main(["parity", "--algorithms", "randomk", "--codec-params", given,
+                         "--out", str(out)]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists() or not list(out.iterdir())
 
 
 def test_exchange_sweep_sets_split_the_bytes_evenly():

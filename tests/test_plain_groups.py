@@ -121,11 +121,11 @@ def test_a_nonfinite_gradient_keeps_the_state_and_sends_nothing_pending():
 
     result = reduce_step(engines, world, 1, "none", poisoned)
     outputs, flags, before, after = result[0]
-    assert list(flags) == [0, 1, 0]
     # A none group goes to Horovod's grouped allreduce, whose average keeps the NaN
     # where rank 0 held it (and the other elements' average); a codec's decode would
-    # make the whole tensor NaN.
+    # make the whole tensor NaN. With nonfinite="propagate" it checks nothing.
     assert np.isnan(outputs[1]).tolist() == [False, False, True, False, False]
+    assert list(flags) == [0, 0, 0]
     for a, b in zip(before, after):  # rank 0 held the NaN: its state is as it was
         np.testing.assert_array_equal(a, b)
     assert all(not np.any(v) for v in result[1][3])  # rank 1 flushed
@@ -133,6 +133,26 @@ def test_a_nonfinite_gradient_keeps_the_state_and_sends_nothing_pending():
     want = (grads_for(0, 1)[0].numpy() + grads_for(1, 1)[0].numpy()
             + pending_of(engines[1], result[1][2])[0]) / 2
     np.testing.assert_allclose(outputs[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("group_codec", ["none", "fp16"])
+def test_a_plain_group_flags_a_nonfinite_gradient_when_asked_to_raise(group_codec):
+    """nonfinite="raise": a none group (Horovod's grouped allreduce) checks its outputs and
+    flags the tensor a rank held non-finite, as an fp16 group's decode does."""
+    world = FakeWorld(2)
+    engines = [MergeComp("topk", ratio=0.2, nonfinite="raise") for _ in range(2)]
+
+    def poisoned(rank, step):
+        grads = grads_for(rank, step)
+        if rank == 1:
+            values = grads[2].numpy()
+            values[0, 1, 0] = np.inf
+            grads[2] = tf.constant(values)
+        return grads
+
+    for outputs, flags, _, _ in reduce_step(engines, world, 0, group_codec, poisoned):
+        assert list(flags) == [0, 0, 1]
+        assert not np.isfinite(outputs[2]).all() and np.isfinite(outputs[0]).all()
 
 
 def test_settings_are_checked_at_construction_and_at_set_partition():

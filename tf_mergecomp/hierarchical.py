@@ -245,13 +245,13 @@ class TwoLevelReduce:
                                   cross)
         return self._gather(decoded, grads, pieces, key, machine)
 
-    def reduce_group_by_horovod(self, grads, key, wrap=None):
+    def reduce_group_by_horovod(self, grads, key, check_finite, wrap=None):
         """``reduce_group`` for a group sent plain in float32 (``none``) through Horovod's
         grouped collectives, tensor by tensor with no concatenation of ours: each
         tensor, flattened, is reduce-scattered inside the machine in Horovod's parts,
         its part averaged across machines and the parts allgathered. Horovod copies the
         tensors into its fusion buffer and back on its own thread. Returns the outputs
-        and ``plain_groups.nonfinite_flags``."""
+        and ``plain_groups.nonfinite_flags(outputs, check_finite)``."""
         machine, cross = self._communicators(wrap)
         ranks, within = self.layout.ranks_per_machine, self.machine_dtype
         flat = []
@@ -268,7 +268,7 @@ class TwoLevelReduce:
         for grad, values in zip(grads, gathered):
             values = tf.cast(values, tf.float32)[:grad.shape.num_elements()]
             outputs.append(tf.cast(tf.reshape(values, grad.shape), grad.dtype))
-        return outputs, plain_groups.nonfinite_flags(outputs)
+        return outputs, plain_groups.nonfinite_flags(outputs, check_finite)
 
     def reduce_group_by_votes(self, grads, key, encode, decode, wrap=None, counter=None):
         """``reduce_group`` for a codec whose combine is a vote of the ranks' payloads

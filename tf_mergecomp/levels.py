@@ -211,7 +211,8 @@ class TwoLevelGroups:
                 # What this rank's pieces of the state have not sent goes with the
                 # gradients, spread as the reduce-scatter adds it.
                 grads, clear_pieces = self._spread_flush(shard_state, grads)
-                outputs, flags = self._two_level.reduce_group_by_horovod(grads, key, wrap=wrap)
+                outputs, flags = self._two_level.reduce_group_by_horovod(
+                    grads, key, self.nonfinite == "raise", wrap=wrap)
                 with tf.control_dependencies(clear_pieces()):
                     outputs = [tf.identity(o) for o in outputs]
             elif votes:

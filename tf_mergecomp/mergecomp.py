@@ -424,7 +424,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             return self._reduce_plain_group(grads, state_vars, seed, communicator,
                                             key + (codec_name,), self._plain_codecs[codec_name])
         if self._sent_by_horovod(codec_name, grads):  # the compressor none, no memory
-            return plain_groups.reduce_by_horovod(grads, communicator, key)
+            return plain_groups.reduce_by_horovod(grads, communicator, key,
+                                                  self.nonfinite == "raise")
         if self.compressor.reduces_own_groups:
             return self.compressor.reduce_group(grads, state_vars, self.memory, seed, communicator,
                                                 key)
@@ -457,7 +458,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
                                           communicator, key)
 
         if plain_groups.goes_to_horovods_groups(codec.name, sent):
-            outputs, nonfinite = plain_groups.reduce_by_horovod(sent, communicator, key)
+            outputs, nonfinite = plain_groups.reduce_by_horovod(sent, communicator, key,
+                                                                self.nonfinite == "raise")
         else:
             outputs, nonfinite = reduce_plainly(sent)
         with tf.control_dependencies(flush.clear_sent_state()):

@@ -130,19 +130,25 @@ def goes_to_horovods_groups(codec_name, grads):
     return codec_name == HOROVOD_GROUPED_CODEC and len({g.dtype for g in grads}) == 1
 
 
-def reduce_by_horovod(grads, communicator, key):
+def reduce_by_horovod(grads, communicator, key, check_finite):
     """(the ranks' average of ``grads`` by one grouped allreduce, ``nonfinite_flags``)."""
     outputs = communicator.grouped_allreduce_mean(grads, key)
-    return outputs, nonfinite_flags(outputs)
+    return outputs, nonfinite_flags(outputs, check_finite)
 
 
-def nonfinite_flags(outputs):
-    """int32, 1 for each reduced tensor that is non-finite, as one that some rank held
-    non-finite is (an inf or a NaN stays one through the average), identical on every
-    rank as the outputs are. The outputs keep Horovod's values: not all NaN, as a
+def nonfinite_flags(outputs, check_finite):
+    """int32, one per reduced tensor of a group Horovod reduced. With ``check_finite``
+    (``nonfinite="raise"``): 1 where the output is non-finite, as one that some rank held
+    non-finite is (an inf or a NaN stays one through the average), identical on every rank
+    as the outputs are. Without (``"propagate"``): all 0, checking nothing, as plain Horovod:
+    a check reads every gradient once more (on one CPU thread it took back the whole gain of
+    leaving the copies to Horovod); the outputs carry the non-finite values to the
+    loss-scale optimizer. The outputs keep Horovod's values either way: not all NaN, as a
     codec's decode makes them."""
     import tensorflow as tf
 
+    if not check_finite:
+        return tf.zeros([len(outputs)], tf.int32)
     # Two ops per tensor (IsFinite, All), the reduced axes shared by tensors of one rank.
     axes, finite = {}, []
     for output in outputs:
