@@ -81,6 +81,24 @@ def _flat_state_sizes(ranks_per_machine):
     return [hierarchical.piece_size(n, ranks_per_machine) for n in (3, 16, 7, 15)]
 
 
+def _thread_machines(machines, ranks_per_machine):
+    """Machines of ranks as threads (tests/_fake_comm.py): (the world of each machine, the
+    world of each local rank across machines, rank -> its ``TwoLevelReduce``)."""
+    from tests._fake_comm import FakeWorld
+
+    machine_worlds = [FakeWorld(ranks_per_machine) for _ in range(machines)]
+    cross_worlds = [FakeWorld(machines) for _ in range(ranks_per_machine)]
+
+    def two_level_of(rank):
+        layout = hierarchical.MachineLayout(rank, machines * ranks_per_machine,
+                                            ranks_per_machine, machines)
+        return hierarchical.TwoLevelReduce(
+            layout, machine_worlds[layout.machine].communicator(layout.local_rank),
+            cross_worlds[layout.local_rank].communicator(layout.machine))
+
+    return machine_worlds, cross_worlds, two_level_of
+
+
 @pytest.mark.parametrize("route", ["ops", "reference"])
 @pytest.mark.parametrize("machines, ranks_per_machine", [(2, 3), (3, 4), (2, 2)])
 def test_votes_counted_per_machine_are_the_flat_vote(route, machines, ranks_per_machine):
@@ -115,14 +133,10 @@ def test_votes_counted_per_machine_are_the_flat_vote(route, machines, ranks_per_
         encode = lambda pieces: reference.encode_group(codec, pieces, seed)  # noqa: E731
         decode = lambda rows, ctx, n, pieces: reference.decode_group(  # noqa: E731
             codec, rows, ctx, n, pieces)
-    machine_worlds = [FakeWorld(ranks_per_machine) for _ in range(machines)]
-    cross_worlds = [FakeWorld(machines) for _ in range(ranks_per_machine)]
+    _, cross_worlds, two_level_of = _thread_machines(machines, ranks_per_machine)
 
     def run(rank, flat_communicator):
-        layout = hierarchical.MachineLayout(rank, size, ranks_per_machine, machines)
-        two_level = hierarchical.TwoLevelReduce(
-            layout, machine_worlds[layout.machine].communicator(layout.local_rank),
-            cross_worlds[layout.local_rank].communicator(layout.machine))
+        two_level = two_level_of(rank)
         grads = gradients(rank)
         flat, _ = reference.reduce_group(codec, plain_groups.NO_MEMORY, grads, [], seed,
                                          flat_communicator, (0, 0))
@@ -168,15 +182,10 @@ def test_plain_group_through_horovods_grouped_collectives(machines, ranks_per_ma
             grads[1][3] = np.nan
         return grads
 
-    machine_worlds = [FakeWorld(ranks_per_machine) for _ in range(machines)]
-    cross_worlds = [FakeWorld(machines) for _ in range(ranks_per_machine)]
+    machine_worlds, cross_worlds, two_level_of = _thread_machines(machines, ranks_per_machine)
 
     def run(rank, _):
-        layout = hierarchical.MachineLayout(rank, size, ranks_per_machine, machines)
-        two_level = hierarchical.TwoLevelReduce(
-            layout, machine_worlds[layout.machine].communicator(layout.local_rank),
-            cross_worlds[layout.local_rank].communicator(layout.machine))
-        outputs, flags = two_level.reduce_group_by_horovod(
+        outputs, flags = two_level_of(rank).reduce_group_by_horovod(
             [tf.constant(g) for g in gradients(rank)], (0, 0), check_finite)
         return [o.numpy() for o in outputs], flags.numpy()
 
