@@ -99,6 +99,8 @@ class HorovodCommunicator:
         """Rank r's part of the ranks' average of each 1-D tensor of ``tensors`` (one
         dtype): Horovod's split into ``size`` contiguous parts, in rank order, as
         ``grouped_allgather`` joins them back."""
+        # hvd.grouped_reducescatter takes no name; the collective must be named alike on
+        # every rank, as every other here is, so the op's own wrapper (Horovod 0.28.1).
         from horovod.tensorflow import mpi_ops
 
         with self._checked_world():

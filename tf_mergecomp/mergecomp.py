@@ -457,7 +457,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             return reference.reduce_group(codec, plain_groups.NO_MEMORY, tensors, [], seed,
                                           communicator, key)
 
-        if plain_groups.goes_to_horovods_groups(codec.name, sent):
+        if self._sent_by_horovod(codec.name, sent):
             outputs, nonfinite = plain_groups.reduce_by_horovod(sent, communicator, key,
                                                                 self.nonfinite == "raise")
         else:
