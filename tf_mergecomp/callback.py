@@ -6,12 +6,7 @@
     model.fit(..., callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                               MergeCompCallback(compression, save_path="partition.json")])
 
-The search in ``fit`` is tf_mergecomp/search/fit.py's, shared with Keras 3.
-It checks from ``compression.collectives_executed`` that every timed step ran
-``num_groups * compressor.collectives_per_group()`` collectives. The search,
-its cost and the saved file are described in tf_mergecomp/search/algorithm.py and
-tf_mergecomp/search/driver.py. If ``fit`` ends before the search does, the
-fastest candidate measured so far is kept (and not saved).
+The search (docs/search.md) is tf_mergecomp/search/fit.py's, shared with Keras 3.
 """
 
 from tf_mergecomp.keras2 import keras

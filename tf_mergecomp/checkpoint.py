@@ -1,10 +1,10 @@
 """Checkpoints that resume MergeComp exactly under Horovod's rank-0 practice.
 
-Horovod's examples save on rank 0 only and restore that checkpoint on every
-rank. MergeComp's error-feedback state (residuals, momenta) is each rank's own,
-so rank 0's checkpoint cannot resume the other ranks. Here every rank writes its
-own state beside rank 0's checkpoint, as ``<path>.mergecomp-rank<r>-of-<W>``,
-at the same moment, and finds it again on restore:
+MergeComp's error-feedback state is each rank's own, so rank 0's checkpoint cannot
+resume the other ranks. Here every rank writes its own state beside rank 0's
+checkpoint, as ``<path>.mergecomp-rank<r>-of-<W>``, and finds it again on restore.
+Without these files the state is reset on every rank at the first step, with one
+warning (docs/checkpoints.md, "Whose state a checkpoint holds").
 
 Keras (``fit``), on every rank, instead of a ModelCheckpoint on rank 0 alone::
 
@@ -17,15 +17,6 @@ Custom loops with ``tf.train.Checkpoint`` (or a ``CheckpointManager``)::
 
     path = save(checkpoint, compression, "ckpt/step")   # every rank; rank 0 writes the checkpoint
     restore(checkpoint, path, compression)              # every rank
-
-Without these, a restore is still safe: at the first step the ranks find out
-that they do not each hold their own state (``tf_mergecomp.rank_state``), reset
-it to its initial value everywhere and rank 0 logs one warning. The same
-happens when the world size changed since the save (the files are per world
-size) or some rank's file is missing. The step always comes from rank 0.
-
-Restore before the first training step, as Horovod's examples do; a
-``restore_rank_state`` after the first step is a collective of all ranks.
 """
 
 import tensorflow as tf
@@ -65,10 +56,10 @@ def restore_rank_state(compression, path):
 
     The ranks use their saved states only if every rank finds its own (saved in
     a world of the same size, at the same step); otherwise the state is reset to
-    its initial value on every rank, with one warning. Before the first step
-    the decision is taken at the first step (after the checkpoint has been
-    restored into the state variables); after it, right away (a collective).
-    Returns the file found, or None.
+    its initial value on every rank, with one warning. Called before the first
+    step, the ranks decide at the first step (after the checkpoint has been
+    restored into the state variables); after it, right away, in a collective of
+    all ranks. Returns the file found, or None.
     """
     mergecomp = _mergecomp_of(compression)
     process_set = mergecomp.rank_state.process_set_or_global()
@@ -108,9 +99,7 @@ def save(checkpoint, compression, file_prefix=None, root_rank=0):
 
 def restore(checkpoint, path, compression):
     """``checkpoint.restore(path)`` then ``restore_rank_state``; call it on every rank.
-
-    Returns the checkpoint's restore status.
-    """
+    Returns the checkpoint's restore status."""
     status = checkpoint.restore(path)
     restore_rank_state(compression, path)
     return status
@@ -129,12 +118,10 @@ def load_model(filepath, compression, **kwargs):
 class MergeCompModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras ``ModelCheckpoint`` for Horovod with MergeComp: use it on EVERY rank.
 
-    Rank 0 saves the model exactly as ``tf.keras.callbacks.ModelCheckpoint`` with
-    the same arguments would (path, ``save_freq``, ``save_best_only``, weights
-    or whole model, any format); at each of those moments every rank writes its
-    MergeComp state beside it (``<path>.mergecomp-rank<r>-of-<W>``). Rank 0
-    decides when to save and the path (``save_best_only`` and metrics in the file
-    name may differ across ranks) and tells the others.
+    Rank 0 saves the model as ``tf.keras.callbacks.ModelCheckpoint`` with the same
+    arguments would; at each of those moments every rank writes its MergeComp
+    state beside it. Rank 0 decides when to save and the path (``save_best_only``
+    and metrics in the file name may differ across ranks) and tells the others.
 
     Args:
       filepath, **kwargs: as for ``tf.keras.callbacks.ModelCheckpoint``.

@@ -2,8 +2,7 @@
 
 The engine hands each codec a communicator (``HorovodCommunicator``); codecs
 never import Horovod, so they can be tested with a simulated one. Outside the
-training step, ``WorkerValues`` reduces plain values over the ranks (the
-partition search's timings and decisions).
+training step, ``WorkerValues`` reduces plain values over the ranks.
 """
 
 import numpy as np
@@ -14,8 +13,7 @@ class HorovodCommunicator:
     """Runs collectives on a Horovod process set.
 
     ``counter`` (an int64 tf.Variable) is incremented once per collective that
-    actually executes, so tests and benchmarks can check the number of
-    collectives per step.
+    actually executes.
     """
 
     def __init__(self, process_set=None, counter=None, name_prefix="mergecomp"):
@@ -43,9 +41,8 @@ class HorovodCommunicator:
 
     def _checked_world(self):
         # Rank and world size are fixed when the step is traced (payload rows,
-        # seeds, the Sum scaling). After an elastic resize, a step traced for the
-        # old world must fail saying so, before its collectives, rather than
-        # with a payload-shape error or a wrong result. One check per trace.
+        # seeds, the Sum scaling): after an elastic resize, a step traced for the
+        # old world fails saying so, before its collectives. One check per trace.
         if self._world_check is None:
             self._world_check = tf.debugging.assert_equal(
                 self._hvd.size_op(process_set_id=self.process_set.process_set_id),
@@ -84,8 +81,8 @@ class HorovodCommunicator:
             result = self._hvd.allgather(tensor, name=self._name(key), process_set=self.process_set)
         return self._counted(result)
 
-    # Horovod's grouped collectives: one collective for a list of tensors, which Horovod
-    # copies into its fusion buffer and back on its own thread (a GPU: its own stream).
+    # Horovod's grouped collectives: one collective for a list of tensors, copied on
+    # Horovod's own thread (docs/design.md, "One group, three ops").
 
     def grouped_allreduce_mean(self, tensors, key):
         """The ranks' average of each of ``tensors`` (one dtype)."""
@@ -99,8 +96,8 @@ class HorovodCommunicator:
         """Rank r's part of the ranks' average of each 1-D tensor of ``tensors`` (one
         dtype): Horovod's split into ``size`` contiguous parts, in rank order, as
         ``grouped_allgather`` joins them back."""
-        # hvd.grouped_reducescatter takes no name; the collective must be named alike on
-        # every rank, as every other here is, so the op's own wrapper (Horovod 0.28.1).
+        # hvd.grouped_reducescatter takes no name, and the collective must be named alike
+        # on every rank: so Horovod 0.28.1's op wrapper, which takes one.
         from horovod.tensorflow import mpi_ops
 
         with self._checked_world():
@@ -148,8 +145,8 @@ def world_size():
 
 class WorkerValues:
     """Eager reductions of numpy values over all ranks (the partition search's
-    timings and decisions), each under a collective name of its own: the
-    shapes differ from call to call. Every rank makes the same calls in the
+    timings and decisions), each under a collective name of its own, as the
+    shapes differ from call to call. Every rank must make the same calls in the
     same order."""
 
     def __init__(self, prefix):

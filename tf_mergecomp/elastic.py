@@ -2,34 +2,26 @@
 
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)   # nothing else to change
 
-An elastic ``State`` commits, restores and synchronises what training needs
-when workers come and go. For a MergeComp that is:
+For a MergeComp, an elastic ``State``'s
 
-* commit (``state.commit()``): a copy of each rank's compression state
-  (residuals, momenta, PowerSGD's Q) and of the step;
-* restore (after a worker failed): back to that copy on every surviving rank;
-* reset (the world changed): the step's trace holds the old world size and this
-  rank's old rank (the group decode op reads one payload row per rank), so the
-  Keras train function and MergeComp's own ``tf.function`` are rebuilt and the
-  next step traces for the new world;
-* sync (every rank, after a reset and when a worker joins): the ranks agree on
-  the state as after a checkpoint restore (``tf_mergecomp.rank_state``): each
-  process keeps the state it trained only if the world size is unchanged and
-  no process joined; otherwise the state is reset to its initial value on
-  every rank, with one warning on rank 0. The step is rank 0's. (Horovod skips
-  the sync when workers were only removed; the ranks then agree at the first
-  trace of the rebuilt step, which every rank runs.)
+* commit (``state.commit()``) copies each rank's compression state and the step;
+* restore (after a worker failed) goes back to that copy on every surviving rank;
+* reset (the world changed) rebuilds the Keras train function and MergeComp's own
+  ``tf.function``, whose traces hold the old world size and this rank's old rank
+  (the decode op reads one payload row per rank);
+* sync (every rank, after a reset and when a worker joins) makes the ranks agree
+  on the state as after a checkpoint restore (``tf_mergecomp.rank_state``): each
+  keeps its state only if the world size is unchanged and no process joined,
+  else it is reset on every rank with one warning; the step is rank 0's. Horovod
+  skips the sync when workers were only removed; the ranks then agree at the
+  first trace of the rebuilt step, which every rank runs.
 
 ``hvd.elastic.KerasState`` (and ``TensorFlowKerasState``) does all this by itself
-when its optimizer is a ``DistributedOptimizer`` with a MergeComp (importing
-``tf_mergecomp`` installs it). Other states (a custom loop's
-``hvd.elastic.TensorFlowState`` or ``ObjectState``) call ``track``:
+when its optimizer is a ``DistributedOptimizer`` with a MergeComp. Other states
+(a custom loop's ``hvd.elastic.TensorFlowState`` or ``ObjectState``) call ``track``:
 
     state = hvd.elastic.TensorFlowState(variables, batch=0)
     tf_mergecomp.elastic.track(state, compression, rebuild=make_train_step)
-
-where ``rebuild`` re-creates the custom loop's ``tf.function`` (a step traced for
-the old world fails with a message saying so).
 """
 
 import functools
@@ -112,12 +104,10 @@ def install():
 
 
 def _build_optimizer(optimizer, model):
-    # Keras >= 2.11 optimizers create their slot variables at the first step.
-    # A worker that joins an elastic job has not stepped yet, so its
+    # Keras >= 2.11 optimizers create their slot variables at the first step. A
+    # worker that joins an elastic job has not stepped yet, so its
     # optimizer.variables() would be shorter than the others' and the sync's
-    # broadcast of them would wait forever (seen with stock Horovod 0.28.1
-    # and Keras 2.15 growing 1 -> 2). Building them now gives every worker
-    # the same list.
+    # broadcast of them would hang (docs/checkpoints.md, "Elastic training").
     if hasattr(optimizer, "build") and not getattr(optimizer, "_built", False):
         import tensorflow as tf
 

@@ -1,10 +1,8 @@
-"""The fused group ops' route of a group: one encode op, one collective, one decode op.
+"""A group through the fused group ops: one encode op, one collective, one decode op.
 
-``MergecompGroupEncode`` compensates the group's gradients with the memory's state,
-encodes one payload (with a non-finite marker per tensor after it) and updates the state;
-``MergecompGroupDecode`` decodes the collected rows straight into per-tensor outputs
-(custom_ops/cc/kernels/group_op.h). The plain-TF route of the same group, step by step:
-reference.py, whose ``reduce_group``/``encode_group``/``decode_group`` these mirror.
+The kernels: custom_ops/cc/kernels/group_op.h. The plain-TF route of the same group,
+step by step: reference.py, whose ``reduce_group``/``encode_group``/``decode_group``
+these mirror.
 """
 
 from tf_mergecomp import compressors
@@ -23,7 +21,8 @@ def reduce_group(codec, memory, grads, state_vars, seed, communicator, key):
 
 
 def encode_group(codec, memory, grads, state_vars, seed):
-    """(this rank's payload with its non-finite markers, its codec context); the
+    """(this rank's payload, the gradients compensated with the memory's state and
+    encoded, with a non-finite marker per tensor after it; its codec context); the
     memory's state variables (one per tensor) updated."""
     return op_library.load().mergecomp_group_encode(
         grads, [v.handle for v in state_vars], seed, payload_type=codec.payload_dtype,

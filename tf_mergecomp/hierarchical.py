@@ -6,56 +6,30 @@ A cluster of M machines with L ranks each (Horovod's ``local_size()`` L and
 1. Inside the machine, the group is reduce-scattered (averaged, uncompressed) over the L
    ranks of the machine: local rank l receives shard l of the machine's average.
    ``machine_dtype``: the collectives inside the machine (this one and step 3's) carry
-   float32 (the default: exact) or float16 (half the bytes on the machine's links, the
-   rounding and range of Horovod's fp16 compression; a value beyond float16's range
+   float32 (the default: exact) or float16 (half the bytes; a value beyond float16's range
    arrives as inf, which the step's non-finite handling sees).
-2. Across machines, shard l is compressed with the group's codec and exchanged among the
-   M ranks of local rank l (one per machine), with the codec's own collective (an
-   allreduce for dense codecs, an allgather of payloads for sign, QSGD, top-k, DGC...):
-   the same encode, collective and decode as a flat group (``MergeComp._reduce_group``),
-   run on the shard.
+2. Across machines, shard l goes through the group's flat path (``MergeComp._reduce_group``:
+   encode, the codec's collective, decode) among the M ranks of local rank l.
 3. Inside the machine, the decoded shards are allgathered: every rank holds the group's
    average over all L * M ranks.
 
 An allgather codec then moves M - 1 payloads per rank across machines instead of
-L * M - 1, and the codecs run on 1/L of the group.
-
-Votes. A codec whose combine is a vote of the ranks' payloads (signSGD's and SIGNUM's
-majority vote, ``Compressor.votes_per_rank``) would, after step 1, take one vote per
-machine: with 2 machines a coordinate on which they disagree is a tie. Its groups (with
-a memory that needs nothing of the payload: none, or SIGNUM's momentum, which each rank
-keeps whole and applies to its own gradients first, levels.py) count every rank's vote
-instead (``reduce_group_by_votes``): each rank
-encodes every shard of its own gradients, an alltoall inside the machine hands local rank
-l the L payloads of shard l (1 bit per element, not float32), the allgather across
-machines collects the M * L payloads of the shard in rank order, and the decode is the
-flat one's, so the result is the flat reduce's bit for bit. Each rank then sends L shards'
-payloads (the group's bytes) across machines and receives M - 1 such rows, instead of
-L * M - 1 rows flat. With L >= 3 it sends the machine's count of "+" votes per element
-instead, in ceil(log2(L + 1)) bits (4 for 8 ranks, not 8), and the vote of the M counts is
-still the flat one.
+L * M - 1, and the codecs run on 1/L of the group. A codec whose combine is a vote
+(signSGD, SIGNUM) counts every rank's vote instead of one per machine
+(``TwoLevelReduce.reduce_group_by_votes``).
 
 Shards. Each gradient tensor of n elements is cut into L pieces of ceil(n / L) elements
 (the last one padded with zeros); shard l of a group is piece l of each of its tensors,
-back to back. A shard therefore does not depend on the partition: the error-feedback
-state of a tensor (residual, momentum) is kept for piece ``local_rank`` only, on the rank
-that compresses it, and is 1/L of the flat state. Like the flat state it is one variable
-per tensor, so it checkpoints (the per-rank files of docs/checkpoints.md hold each rank's
-own pieces), reconciles, flushes when a group turns plain or MergeComp steps aside, and
-survives an elastic reset while the machine layout stays; a reset that changes the ranks
-per machine starts the state afresh.
+back to back, so a shard does not depend on the partition. A rank keeps the
+error-feedback state of piece ``local_rank`` only: one variable per tensor, 1/L of the
+flat state (docs/scaling.md, §2g; docs/checkpoints.md).
 
-With one machine, or one rank per machine, a group takes the flat path: the same ops as
-``hierarchical=False``, bit for bit. Which groups take two levels (all with
-``hierarchical=True``, those the search chose with ``None``), and MergeComp's state around
-them: tf_mergecomp/levels.py.
+With one machine, or one rank per machine, a group takes the flat path, bit for bit.
+Which groups take two levels, and MergeComp's state around them: levels.py.
 
-Process sets. Step 1 and 3 run on the machine's process set (its L ranks), step 2 on the
-set of the ranks with this local rank. Horovod 0.28.1 registers process sets at
-``hvd.init`` or, with dynamic process sets, later and collectively. MergeComp takes the
-sets registered at ``hvd.init(process_sets=machine_process_sets())`` and otherwise adds
-them at its first trace when dynamic process sets are on (``HOROVOD_DYNAMIC_PROCESS_SETS=1``
-or ``hvd.init(process_sets="dynamic")``); without either it refuses, saying so.
+Process sets. Steps 1 and 3 run on the machine's process set (its L ranks), step 2 on
+the set of the ranks with this local rank: registered at ``hvd.init`` by
+``machine_process_sets()``, or added by ``process_sets_for`` (docs/scaling.md, §2g).
 """
 
 import math
@@ -246,12 +220,11 @@ class TwoLevelReduce:
         return self._gather(decoded, grads, pieces, key, machine)
 
     def reduce_group_by_horovod(self, grads, key, check_finite, wrap=None):
-        """``reduce_group`` for a group sent plain in float32 (``none``) through Horovod's
-        grouped collectives, tensor by tensor with no concatenation of ours: each
-        tensor, flattened, is reduce-scattered inside the machine in Horovod's parts,
-        its part averaged across machines and the parts allgathered. Horovod copies the
-        tensors into its fusion buffer and back on its own thread. Returns the outputs
-        and ``plain_groups.nonfinite_flags(outputs, check_finite)``."""
+        """``reduce_group`` for a ``none`` group through Horovod's grouped collectives,
+        with no concatenation of ours (plain_groups.py): each tensor, flattened, is
+        reduce-scattered inside the machine, its part averaged across machines and the
+        parts allgathered. Returns the outputs and
+        ``plain_groups.nonfinite_flags(outputs, check_finite)``."""
         machine, cross = self._communicators(wrap)
         ranks, within = self.layout.ranks_per_machine, self.machine_dtype
         flat = []
@@ -277,17 +250,18 @@ class TwoLevelReduce:
 
         Each rank encodes every shard of its own gradients (``encode(pieces)`` ->
         (payload row with its non-finite markers, codec context)); inside the machine an
-        alltoall hands local rank l the L rows of shard l; across machines they are
-        allgathered (M * L rows, in rank order, as the flat allgather orders them) and
-        ``decode(rows, context, num_rows, pieces)`` -> (decoded pieces, flags) decodes
-        them; the decoded shards are allgathered inside the machine. The result is the
-        flat reduce's, bit for bit.
+        alltoall hands local rank l the L rows of shard l (1 bit per element for signs);
+        across machines they are allgathered (M * L rows, in rank order, as the flat
+        allgather orders them) and ``decode(rows, context, num_rows, pieces)`` ->
+        (decoded pieces, flags) decodes them; the decoded shards are allgathered inside
+        the machine. The result is the flat reduce's, bit for bit. Across machines a rank
+        sends L shards' rows (the group's bytes) and receives M - 1 such, not L * M - 1.
 
         ``counter``: the codec, when it can count votes (``count_votes``,
         ``vote_of_counts``). Where a count of the machine's L votes takes fewer bits
         than L (L >= 3: 4 bits for 8 ranks), each rank sends across machines the counts
-        of its shard instead of the L rows, and the vote of the M counts is the flat
-        one still."""
+        of its shard instead of the L rows, and the vote of the M counts is still the
+        flat one."""
         machine, cross = self._communicators(wrap)
         pieces, by_shard = self._by_shard(grads)
         columns = tf.split(by_shard, pieces, axis=1) if len(pieces) > 1 else [by_shard]

@@ -1,30 +1,23 @@
 """Lets a ``MergeComp`` stand where Horovod expects a ``compression``.
 
-Horovod's TensorFlow and Keras wrappers (``DistributedOptimizer`` in
-``horovod.tensorflow`` and ``horovod.tensorflow.keras``, and
-``DistributedGradientTape``) all build their gradient reduction with one
+Horovod's ``DistributedOptimizer`` (TensorFlow and Keras) and
+``DistributedGradientTape`` all build their gradient reduction with one
 module-level factory, ``horovod.tensorflow._make_allreduce_grads_fn``, which
-reduces tensor by tensor with ``compression.compress/decompress``. ``install()``
-replaces that factory with one that, only when ``compression`` is a
-``MergeComp``, returns MergeComp's own reduce function, which receives the
-whole gradient list; for every other ``compression`` it calls Horovod's
-original, so stock behaviour is unchanged. It also wraps the Keras
+reduces tensor by tensor. ``install()`` replaces that factory with one that,
+only when ``compression`` is a ``MergeComp``, returns MergeComp's own reduce
+function, which receives the whole gradient list; for every other
+``compression`` it calls Horovod's original. It also wraps the Keras
 ``DistributedOptimizer`` factories so that the optimizer tracks the MergeComp
-(its error-feedback state then checkpoints with the optimizer) and lists
-MergeComp's step among ``optimizer.variables()`` (what Horovod broadcasts and
-Keras saves in HDF5/.keras files), and makes ``hvd.elastic.KerasState`` commit,
-restore and sync MergeComp's state (``tf_mergecomp/elastic.py``).
+and lists its step in ``optimizer.variables()``, and makes
+``hvd.elastic.KerasState`` track MergeComp's state (``tf_mergecomp/elastic.py``).
 
-The hook reads one private Horovod name, so it is tied to the Horovod it was
-written for (``HOROVOD_VERSION``, 0.28.1: Horovod's last release). On another
-Horovod, ``install()`` checks that the factory still exists and takes the
-arguments the hook reads; if not, it refuses with what to do, and if so, it
-installs and warns once that this Horovod was not tested.
+The hook reads one private Horovod name, so it is tied to ``HOROVOD_VERSION``;
+``check_horovod`` decides whether another Horovod can take it.
 
 Importing ``tf_mergecomp`` calls ``install()``; calling it again does nothing.
 Code that did ``from horovod.tensorflow.keras import DistributedOptimizer``
 before importing ``tf_mergecomp`` keeps the unwrapped factory: it still
-reduces with MergeComp, but checkpoint MergeComp explicitly then.
+reduces with MergeComp, but must checkpoint the MergeComp explicitly.
 """
 
 import functools
@@ -32,8 +25,8 @@ import inspect
 import warnings
 
 _INSTALLED_MARK = "_tf_mergecomp_original"
-# The Horovod release this hook was written and tested for, and the arguments
-# of its gradient-reduction factory that the hook reads.
+# The Horovod release the hook was written and tested for (Horovod's last), and
+# the arguments of its gradient-reduction factory that the hook reads.
 HOROVOD_VERSION = "0.28.1"
 FACTORY_NAME = "_make_allreduce_grads_fn"
 FACTORY_ARGUMENTS = ("compression", "op", "process_set", "device_dense", "sparse_as_dense",
@@ -114,9 +107,8 @@ def install():
 
     @functools.wraps(original)
     def make_allreduce_grads_fn(*args, **kwargs):
-        # Horovod's arguments are read by name from its own signature, and
-        # handed on untouched: a stock compression never depends on this hook
-        # knowing Horovod's parameter list.
+        # Arguments are read by name from Horovod's own signature and handed on
+        # untouched, so a stock compression never depends on this hook.
         arguments = signature.bind(*args, **kwargs)
         arguments.apply_defaults()
         compression = arguments.arguments.get("compression")
@@ -177,14 +169,12 @@ def _wrap_keras_optimizer_factories():
 def _list_step_in_optimizer_variables(optimizer):
     """Appends MergeComp's step, never its per-rank state, to ``optimizer.variables()``.
 
-    ``BroadcastGlobalVariablesCallback``, ``hvd.broadcast_variables(opt.variables())``
-    and ``hvd.elastic.KerasState`` send and commit ``optimizer.variables()``, and
-    Keras saves it in HDF5 and .keras files: the step, which seeds shared
-    random draws, must travel with them. Horovod builds a new optimizer class
-    per ``DistributedOptimizer`` call (named like the wrapped one, so saved models
-    load without Horovod) whose ``variables`` property this extends. The
-    optimizer's own ``_variables`` list is left alone: TF checkpoints track it
-    by position, and the step checkpoints as ``mergecomp/step`` already.
+    Horovod's broadcasts, ``hvd.elastic.KerasState`` and Keras' HDF5 and .keras
+    files use ``optimizer.variables()``: the step, which seeds shared random
+    draws, must travel with them. Horovod builds a new optimizer class per
+    ``DistributedOptimizer`` call, whose ``variables`` property this extends.
+    The optimizer's own ``_variables`` list is left alone: TF checkpoints track
+    it by position, and the step checkpoints as ``mergecomp/step`` already.
     """
     cls = type(optimizer)
     horovod_variables = cls.__dict__.get("variables")

@@ -1,13 +1,11 @@
 """The Keras 2 that models use here: ``tf.keras`` where it is Keras 2, else ``tf_keras``.
 
-Horovod 0.28.1's Keras wrappers support Keras 2 only. TensorFlow <= 2.15's
-``tf.keras`` is Keras 2. From TensorFlow 2.16 ``tf.keras`` is Keras 3, unless
-``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported: ``tf.keras`` is
-then the ``tf_keras`` package, Keras 2 (docs/stack.md). The library, its
+Horovod 0.28.1's Keras wrappers support Keras 2 only; from TensorFlow 2.16 ``tf.keras`` is
+Keras 2 only with ``TF_USE_LEGACY_KERAS=1`` (docs/stack.md, "Keras"). The library, its
 benchmarks and your scripts take their Keras classes from here
 (``from tf_mergecomp.keras2 import keras``), so that they are the ones the
 model uses; this module decides which that is without importing any other
-Keras. ``child_environ`` gives the environment for processes you start.
+Keras.
 """
 
 import importlib.metadata
@@ -94,11 +92,9 @@ def fix_horovod_keras_backend():
     """Points Horovod's Keras wrappers at the backend of the Keras 2 in use.
 
     horovod.tensorflow.keras 0.28.1 (and its callbacks) take Keras backend functions
-    (constant, get_value, set_value, ...) from the ``keras`` package. From TensorFlow
-    2.16 that is Keras 3, whose backend lacks them, so with tf_keras as ``tf.keras``
-    ``hvd.callbacks.MetricAverageCallback`` fails ("module 'keras.backend' has no
-    attribute 'constant'"), and so do the learning-rate callbacks. With TensorFlow
-    <= 2.15 (the keras package is Keras 2) this changes nothing.
+    (constant, get_value, set_value, ...) from the ``keras`` package, which from
+    TensorFlow 2.16 is Keras 3 and lacks them (docs/stack.md, "Keras"). Where the
+    keras package is Keras 2 this changes nothing.
     """
     if keras_package_is_keras2() or not tf_keras_is_keras2():
         return

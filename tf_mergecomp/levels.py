@@ -4,18 +4,14 @@
 every tensor (1/L of the flat state, L ranks per machine), except where the compressor's
 groups count every rank's vote with a state (SIGNUM's momentum): that state stays whole,
 as flat, and a plain group sends it before its reduce-scatter.
-``hierarchical=False``: every group is flat, as before the setting existed.
+``hierarchical=False``: every group is flat.
 ``hierarchical=None`` (default): flat, unless a group's codec name ends in ``TWO_LEVEL``
-(``"efsignsgd/two-level"``, ``"none/two-level"``): the partition search offers these per
-group beside the flat ones (``two_level_codec_choices``) when the ranks sit on machines of
-several ranks and the process sets can be had (dynamic process sets, or the sets given to
-``hvd.init``). Each rank then keeps both states: the flat one (every tensor whole) and its
-piece of every tensor. A group sends, with its gradients, what the other level's state
-has not sent (as a plain group does, hierarchical.py's ``spread_pieces`` for pieces) and
-clears it: the state follows a group from one level to the other, at no cost once it is
-zero but a read and a write per step.
-
-``TwoLevelGroups`` is a base class of ``MergeComp``; its attributes are MergeComp's.
+(``"efsignsgd/two-level"``), which the partition search offers
+(``two_level_codec_choices``) when the ranks sit on machines of several ranks and the
+process sets can be had. Each rank then keeps both states, the flat one and its piece of
+every tensor; a group sends, with its gradients, what the other level's state has not
+sent and clears it, so the state follows a group from one level to the other
+(docs/scaling.md, §2g).
 """
 
 import tensorflow as tf
@@ -36,10 +32,11 @@ def split_level(codec_name):
 
 
 class TwoLevelGroups:
-    """MergeComp's levels: the setting, the machine layout seen at the trace, the process
-    sets, the shard count of the state (``_state_shards``: L with ``hierarchical=True``)
-    and the pieces kept beside the flat state (``_piece_shards``, ``_piece_state``) with
-    ``hierarchical=None``; state_variables.py creates both."""
+    """MergeComp's levels (a base class of MergeComp; its attributes are MergeComp's): the
+    setting, the machine layout seen at the trace, the process sets, the shard count of the
+    state (``_state_shards``: L with ``hierarchical=True``) and the pieces kept beside the
+    flat state (``_piece_shards``, ``_piece_state``) with ``hierarchical=None``;
+    state_variables.py creates both."""
 
     def _init_levels(self, hierarchical_choice, machine_dtype="float32"):
         self.hierarchical = hierarchical.check_choice(hierarchical_choice)
@@ -71,9 +68,8 @@ class TwoLevelGroups:
 
     @property
     def two_level_codec_choices(self):
-        """The two-level group codecs a search may choose from: those of
-        ``group_codec_names`` once a trace found machines of several ranks and their
-        process sets (``hierarchical=None``); () otherwise."""
+        """The two-level group codecs a search may choose from, once a trace found
+        machines of several ranks and their process sets; () otherwise."""
         if self._piece_shards < 2:
             return ()
         return tuple(name + TWO_LEVEL for name in self.codec_choices)
@@ -89,7 +85,7 @@ class TwoLevelGroups:
 
     def describe_levels(self):
         """The level for ``describe()``: nothing while every group is flat with
-        ``hierarchical=None`` (the description of before the setting existed)."""
+        ``hierarchical=None``, so that saved search results without a level match."""
         if self.hierarchical is None and not self._asks_two_levels():
             return {}
         return self._level_description()
@@ -98,7 +94,7 @@ class TwoLevelGroups:
         layout = self._machine_layout
         description = {"hierarchical": self.hierarchical,
                        "machines": None if layout is None else layout.describe()}
-        if self.machine_dtype != "float32":  # descriptions of before the setting unchanged
+        if self.machine_dtype != "float32":  # so descriptions saved without it still match
             description["machine_dtype"] = self.machine_dtype
         return description
 
@@ -247,8 +243,7 @@ class TwoLevelGroups:
     def _compensate_whole(self, grads, state_vars):
         """(what this rank votes on: each gradient compensated by the memory with its
         whole state, as float32, all NaN where the gradient is non-finite; the state's
-        assignments). As the flat reduce: a non-finite tensor is zeroed before the
-        memory, and the state of a rank holding one stays as it was."""
+        assignments). A rank holding a non-finite tensor keeps its state, as flat."""
         if not self.memory.state_names:
             return grads, []
         bad = [tf.logical_not(tf.reduce_all(tf.math.is_finite(g))) for g in grads]

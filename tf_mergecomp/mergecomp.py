@@ -4,17 +4,13 @@
     from tf_mergecomp import MergeComp
     opt = hvd.DistributedOptimizer(opt, compression=MergeComp("efsignsgd", partitions=2))
 
-Gradients in backprop order are cut into contiguous groups by the partition; each group
-costs three ops whatever its number of tensors: ``MergecompGroupEncode`` (compensate,
-encode one payload, update the error-feedback state), one Horovod collective, and
-``MergecompGroupDecode`` (straight into per-tensor outputs). A codec of your own, or one
-wrapped by ``reference.plain``, runs the plain-TF path (tf_mergecomp/reference.py);
-PowerSGD reduces its groups itself (``reduce_group``). Details: docs/design.md.
+Each group of a built-in codec costs three ops, whatever its number of tensors
+(fused_groups.py); a codec of your own, or one wrapped by ``reference.plain``, runs the
+plain-TF path (reference.py); PowerSGD reduces its groups itself (docs/design.md).
 
-State (checkpointed with this ``tf.Module``): the per-tensor variables (state_variables.py),
-the step counter seeding the codecs' random draws, a count of executed collectives. With the
-Keras ``hvd.DistributedOptimizer`` it checkpoints with the optimizer; with
-``DistributedGradientTape`` add it to your checkpoint (docs/checkpoints.md).
+State (checkpointed with this ``tf.Module``; docs/checkpoints.md): the per-tensor variables
+(state_variables.py), the step counter seeding the codecs' random draws, a count of
+executed collectives.
 """
 
 
@@ -50,20 +46,17 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         split indices, ``"layerwise"`` (one group per tensor), 1 (whole model),
         or None (2 balanced groups until a partition search fixes it).
       seed: user part of the seed of every random draw.
-      nonfinite: what a gradient tensor holding an inf or a NaN does.
-        ``"propagate"`` (default): it comes out all NaN on every rank (so a
-        loss-scale optimizer skips the step everywhere), the other tensors are
-        reduced as usual, and the compression state of its group, and the
-        step, stay exactly as they were on the rank that held it.
-        ``"raise"``: the same, then every rank raises ``InvalidArgumentError``
-        naming the tensors, after the step's collectives (so no rank waits).
+      nonfinite: what a gradient tensor holding an inf or a NaN does (docs/design.md,
+        "Non-finite gradients"). ``"propagate"`` (default): it comes out all NaN on
+        every rank, the other tensors are reduced as usual, and the step and its
+        group's state on the rank that held it stay as they were. ``"raise"``: the
+        same, then every rank raises ``InvalidArgumentError`` naming the tensors,
+        after the step's collectives (so no rank waits).
       plain_groups: True (default): a group may be sent plain instead of
         compressed (``none``: a float32 allreduce, exact; or ``fp16``), as the
-        partition search decides per group (``set_partition(..., group_codecs=)``).
-        A group that switches to plain sends its error-feedback residual (DGC:
-        its accumulation and momentum) with its first plain step; one that
-        switches back starts from a zero state. False: every group uses the
-        compressor (the behaviour before per-group codecs).
+        partition search decides per group (``set_partition(..., group_codecs=)``);
+        its error-feedback state goes with it (plain_groups.py). False: every
+        group uses the compressor.
       hierarchical: True: each group is averaged inside the machine (in
         ``machine_dtype``: "float32", or "float16"), compressed by shards across
         machines, gathered inside the machine; state per shard (hierarchical.py).
@@ -108,20 +101,15 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         self.collectives_executed = tf.Variable(
             0, dtype=tf.int64, trainable=False, name="collectives_executed"
         )
-        # (rank, world size) of the worker whose compression state the state
-        # variables hold, (-1, -1) before the first step. It checkpoints with
-        # the state, so that a restore can tell this rank's own state from
-        # another rank's (tf_mergecomp/rank_state.py).
+        # (rank, world size) whose state the state variables hold, (-1, -1) before
+        # the first step; checkpointed with them (rank_state.py).
         self.state_origin = tf.Variable(
             NO_ORIGIN, dtype=tf.int64, trainable=False, name="state_origin"
         )
-        # Whose state this is, and the agreement with the other ranks about it.
         self.rank_state = RankState(self)
         self._agreed_description = None
-        # The partition search's step recorder (tf_mergecomp/search/recorder.py),
-        # set only while it traces the step it profiles or an exchange probe: it
-        # sees each group's inputs, collectives and outputs. None otherwise, and
-        # the step has only the engine's own ops.
+        # The partition search's recorder (search/recorder.py) while it traces a
+        # profiled step or an exchange probe; None otherwise.
         self.step_recorder = None
 
     # ---- partition ---------------------------------------------------------------
@@ -160,16 +148,14 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
 
     @property
     def codec_choices(self):
-        """The codecs a group may use: the compressor's name first, then the
-        plain ones when ``plain_groups`` is on."""
+        """The codecs a group may use: the compressor, then the plain ones if enabled."""
         if not self.plain_groups:
             return (self.compressor.name,)
         return (self.compressor.name,) + tuple(self._plain_codecs)
 
     @property
     def group_codecs(self):
-        """The codec name of each group (a tuple, one per group), None before
-        the first trace."""
+        """The codec name of each group (a tuple), None before the first trace."""
         if self._group_codecs is None and self.splits is not None:
             self._group_codecs = plain_groups.resolve_group_codecs(
                 self._group_codecs_spec, len(self.splits) + 1, self.group_codec_names)
@@ -179,8 +165,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         """Sets the grouping used from the next trace of the reduce function on.
 
         ``group_codecs``: one codec name per group, each one of
-        ``codec_choices`` (the compressor, or ``"none"``/``"fp16"`` when
-        ``plain_groups`` is on); None: the compressor for every group.
+        ``group_codec_names``; None: the compressor for every group.
 
         Keras: call ``model.make_train_function(force=True)`` after it (the
         partition search callback does). Custom loops: re-create the
@@ -207,12 +192,10 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         return self._steps_aside
 
     def set_plain_horovod(self):
-        """From the next trace on, the gradients are reduced by plain Horovod:
-        Horovod's own reduce function without compression (its tensor fusion,
-        ``compression=hvd.Compression.none``). What the memory had not sent
-        goes out with the first step; ``set_partition`` brings MergeComp back,
-        its state from zero. Needs the Horovod hook (importing tf_mergecomp
-        installs it), which hands MergeComp plain Horovod's reduce function."""
+        """From the next trace on, plain Horovod reduces the gradients (its own reduce
+        function and tensor fusion, no compression). What the memory had not sent goes
+        out with the first step; ``set_partition`` brings MergeComp back, its state from
+        zero. Needs the Horovod hook, which importing tf_mergecomp installs."""
         self._steps_aside = True
         self._eager_reduce = None
 
@@ -272,9 +255,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
                 return self._reduce(grads, communicator, scale_by_size, names)
 
         def allreduce_grads(grads, vars=None, use_generic_names=False):  # noqa: A002 (Horovod's names)
-            # Groups are formed from the gradients alone, and their collectives
-            # are named by group, identically on every rank. The variables'
-            # names only label non-finite gradients in errors.
+            # Groups and their collectives' names come from the gradients alone,
+            # identically on every rank; ``vars`` only label non-finite gradients.
             if self._steps_aside:
                 if plain_horovod is None:
                     raise RuntimeError(
@@ -303,38 +285,32 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         return allreduce_grads
 
     def _begin_step(self, dense, communicator):
-        """What a traced step does before its collectives, on the gradients in
-        backprop order: fixes the gradient layout, checks that the ranks agree
-        on it and on the settings, creates the state and settles whose it is.
-        Returns the state variables and the agreement check's guards, which
-        the step's collectives wait for."""
+        """Before a traced step's collectives: fixes the gradient layout, checks that
+        the ranks agree on it and on the settings, creates the state and settles whose
+        it is (rank_state.py). Returns the state variables and the agreement check's
+        guards, which the step's collectives wait for."""
         self.set_gradient_layout([g.shape for g in dense], [g.dtype for g in dense])
         self._plan_levels(communicator)
         description = dict(self._layout.describe(), world_size=communicator.size, seed=self.seed,
                            nonfinite=self.nonfinite, **self.describe())
         guards = []
-        # Once per description: a retrace that only this rank makes (a last
-        # partial batch of its own; tf.function retracing a step whose first
-        # trace created variables, as a worker joining an elastic job does)
-        # must not wait in a collective the others never join. An elastic
-        # reset forgets it, so that every rank checks again.
+        # Once per description: a retrace that only this rank makes (a last partial
+        # batch of its own; a joining elastic worker retracing a step whose first trace
+        # created variables) must not wait in a collective the others never join. An
+        # elastic reset forgets it, so that every rank checks again.
         if description != self._agreed_description:
             guards = consistency.check_ranks_agree(description, communicator.process_set)
             if not guards:  # checked at trace time (eagerly), not in the graph
                 self._agreed_description = description
         self._connect_levels(communicator)
         state = self.state_variables(self._state_device(dense))
-        # At the first trace: agree with the other ranks on whose state was
-        # restored (reset it everywhere unless each rank holds its own) and
-        # take rank 0's step.
         self.rank_state.reconcile_if_needed(communicator)
         return state, guards
 
     def _reduce_plain_horovod(self, grads, variables, use_generic_names, plain_reduce,
                               process_set):
-        """Plain Horovod's reduction of ``grads``, after MergeComp sends what its
-        memory holds unsent with them (and clears it): stepping aside loses no
-        error-feedback state."""
+        """Plain Horovod's reduction of ``grads`` plus what the memory holds unsent,
+        which is then cleared: stepping aside loses no error-feedback state."""
         present = [i for i, g in enumerate(grads) if g is not None]
         order = present[::-1]
         if not order:
@@ -395,17 +371,15 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         return seeds.group_seed(step, start, worker, self.seed)
 
     def reduce_group(self, grads, communicator, step=0, start=0, index=0, codec=None):
-        """Reduces one group on its own: ``grads`` are gradient tensors
-        ``start, start + 1, ...`` of the layout (``set_gradient_layout``), in
-        backprop order, reduced with their state variables through
-        ``communicator`` (``tf_mergecomp.communication``) at ``step``, with
-        ``codec`` (one of ``codec_choices``; None: the compressor).
+        """Reduces one group on its own, for benchmarks and tests (training goes
+        through ``make_reduce_fn``): ``grads`` are gradient tensors ``start, start + 1,
+        ...`` of the layout (``set_gradient_layout``), in backprop order, reduced with
+        their state variables through ``communicator`` at ``step``, with ``codec`` (one
+        of ``group_codec_names``; None: the compressor). ``index`` names the group's
+        collectives.
 
         Returns the group's reduced gradients and an int32 vector, 1 for each
         tensor that some rank held non-finite (its output is then all NaN).
-        ``index`` names the group's collectives. The benchmarks and the tests
-        time and check one group this way; training goes through
-        ``make_reduce_fn``.
         """
         grads = list(grads)
         codec = self.compressor.name if codec is None else codec
@@ -443,9 +417,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             codec_name != self.compressor.name or not self.memory.state_names)
 
     def _reduce_plain_group(self, grads, state_vars, seed, communicator, key, codec):
-        """A group sent with a plain codec (no error-feedback memory). The
-        memory's buffers of its tensors, what the compressor has not sent yet,
-        go out with the gradient and are then zero (tf_mergecomp/plain_groups.py)."""
+        """A group sent with a plain codec: what the memory has not sent goes out with
+        the gradients and is then zero (plain_groups.py)."""
         flush = plain_groups.StateFlush(self.memory, state_vars, grads)
         sent = flush.gradients_to_send()
 

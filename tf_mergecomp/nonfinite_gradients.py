@@ -2,10 +2,8 @@
 
 Each group's decode op returns one flag per tensor, 1 when some rank held it
 non-finite (its output is then all NaN on every rank, and the group's state is
-left as it was; a ``none`` group, which Horovod's grouped allreduce averages,
-keeps the average, non-finite where a rank held it so, and flags it only with
-``"raise"``: plain_groups.py). Every rank has the same flags, so each rank
-decides alike:
+left as it was; ``none`` groups flag only with ``"raise"``: plain_groups.py).
+Every rank has the same flags, so each rank decides alike:
 
 - the step counter advances only on a step without any flag, so every rank
   keeps drawing what it would have drawn without that step;

@@ -1,11 +1,9 @@
 """The custom-op library: loaded once, lazily, the one built for the running TensorFlow.
 
 Every codec reaches its ops through ``load()`` (``load().mergecomp_group_encode(...)``).
-``setup.py`` (``make build``) builds one library per TensorFlow version, named for it
-(``_mergecomp_ops_tf2_15_1*.so`` beside ``_mergecomp_ops_tf2_15_1.json``), so venvs with
-different TensorFlow releases share one checkout. A library for another version would fail
-with an obscure undefined-symbol error: that case raises ``OpLibraryError`` naming what was
-found instead.
+``setup.py`` builds one library per TensorFlow version, named for it (docs/stack.md, "The op
+library"). A library for another version would fail with an obscure undefined-symbol error:
+``OpLibraryError`` names what was found instead.
 """
 
 import glob

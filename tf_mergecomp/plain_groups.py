@@ -1,31 +1,24 @@
 """Groups sent plain instead of compressed, and their error-feedback state.
 
-A layout is the partition's cuts plus a codec per group: the user's
-compressor, or a plain codec (``none``: a float32 allreduce, exact; ``fp16``:
-half the bytes). Plain codecs keep no error-feedback state, so the state of a
-group's tensors (one variable per tensor, the memory's buffers then the
-codec's own state; see tf_mergecomp/mergecomp.py) is handled here, by the
-engine around the group, never inside a codec:
+A layout is the partition's cuts plus a codec per group: the user's compressor, or a
+plain codec (``none``: a float32 allreduce, exact; ``fp16``: half the bytes). Plain codecs
+keep no state, so the engine handles the state of a plain group's tensors around it,
+never inside a codec (``StateFlush``; docs/search.md, "Per-group codecs and plain
+Horovod"):
 
-- a group that switches to plain sends, with its first plain step, what the
-  compressor had not sent yet: the memory's ``pending`` buffer (the residual
-  e; DGC's accumulation v plus its momentum term mu * u), added to the
-  gradient; the memory's buffers are then zero. Every plain step does the
-  same, so the flush needs no record of the previous layout, holds after a
-  checkpoint restore, and costs one read and one write of the buffers;
-- SIGNUM's momentum is an average of gradients already sent (as signs):
-  nothing in it is pending, it is reset to zero like the others;
-- a group that switches back to the compressor therefore starts from a zero
-  memory. The codec's own state (PowerSGD's Q, a warm start, not gradient
-  mass) is kept as it is;
-- on a rank that holds a non-finite gradient in the group, the state stays
-  exactly as it was and nothing pending is sent (as the compressed path does).
+- every plain step sends, added to the gradient, what the compressor had not sent (the
+  memory's ``pending``: the residual e; DGC's accumulation v plus its momentum term
+  mu * u), then zeroes the memory's buffers: the flush needs no record of the previous
+  layout and holds after a restore, and a group that switches back to the compressor
+  starts from a zero memory;
+- SIGNUM's momentum (an average of gradients already sent) holds nothing pending and is
+  zeroed too; the codec's own state (PowerSGD's Q, a warm start) is kept;
+- on a rank that holds a non-finite gradient in the group, the state stays as it was
+  and nothing pending is sent.
 
-A ``none`` group (and the compressor ``none`` without memory) goes to Horovod's
-grouped collectives as its own tensors (``goes_to_horovods_groups``): Horovod
-copies them into its fusion buffer and back on its own thread, as it does for
-plain Horovod, where a concatenated buffer would take two copies on the compute
-stream (on two levels: tf_mergecomp/hierarchical.py's ``reduce_group_by_horovod``).
+A ``none`` group (and the compressor ``none`` without memory) goes to Horovod's grouped
+collectives as its own tensors (``goes_to_horovods_groups``; why: docs/design.md, "One
+group, three ops"; on two levels: hierarchical.py's ``reduce_group_by_horovod``).
 """
 
 import numbers
@@ -72,13 +65,8 @@ def resolve_group_codecs(spec, groups, choices):
 
 
 class StateFlush:
-    """The state of one plain group's tensors around its collective.
-
-    ``gradients_to_send()`` gives the gradients plus what the memory had not
-    sent; ``clear_sent_state()`` (after the collective) zeroes the memory's
-    buffers, leaving the codec's own state as it is. With no state it is a
-    no-op.
-    """
+    """The state flush of one plain group (module docstring): ``gradients_to_send()``
+    before its collective, ``clear_sent_state()`` after it; a no-op with no state."""
 
     def __init__(self, memory, state_vars, grads):
         import tensorflow as tf
@@ -137,14 +125,12 @@ def reduce_by_horovod(grads, communicator, key, check_finite):
 
 
 def nonfinite_flags(outputs, check_finite):
-    """int32, one per reduced tensor of a group Horovod reduced. With ``check_finite``
-    (``nonfinite="raise"``): 1 where the output is non-finite, as one that some rank held
-    non-finite is (an inf or a NaN stays one through the average), identical on every rank
-    as the outputs are. Without (``"propagate"``): all 0, checking nothing, as plain Horovod:
-    a check reads every gradient once more (on one CPU thread it took back the whole gain of
-    leaving the copies to Horovod); the outputs carry the non-finite values to the
-    loss-scale optimizer. The outputs keep Horovod's values either way: not all NaN, as a
-    codec's decode makes them."""
+    """int32, one per reduced tensor of a group Horovod reduced, identical on every rank.
+    With ``check_finite`` (``nonfinite="raise"``): 1 where the output is non-finite, as
+    one that some rank held non-finite is. Without (``"propagate"``): all 0, checking
+    nothing, as plain Horovod (a check reads every gradient once more); the non-finite
+    values reach the loss-scale optimizer. The outputs keep Horovod's values either way,
+    not all NaN as a codec's decode makes them."""
     import tensorflow as tf
 
     if not check_finite:

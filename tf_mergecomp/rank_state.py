@@ -1,36 +1,25 @@
 """Whose compression state a MergeComp holds, and what the ranks do about it.
 
-Error-feedback residuals, SIGNUM's and DGC's momenta are each rank's own: they
-hold what this rank's compressor has not sent yet. PowerSGD's Q is the same on
-every rank. The step counter, which seeds the codecs' random draws, must be the
-same on every rank. Horovod's usual practice (rank 0 saves, every rank restores
-rank 0's checkpoint, rank 0 broadcasts) therefore gives every rank rank 0's
-residuals, and an elastic resize leaves the survivors with state of another
-world. This module makes the ranks agree instead:
+Error-feedback residuals, SIGNUM's and DGC's momenta are each rank's own; PowerSGD's Q is
+the same on every rank; the step counter, which seeds the codecs' random draws, must be
+the same on every rank. Restoring rank 0's checkpoint on every rank, or an elastic resize,
+breaks this; the ranks agree instead, by the rules of docs/checkpoints.md ("Whose state a
+checkpoint holds").
 
-Each MergeComp owns a ``RankState`` (``MergeComp.rank_state``), which reads
-the MergeComp through its public interface only (``step``, ``state_origin``,
-``existing_state_variables``, ``reset_state``, ``settings_fingerprint``,
-``keeps_state``, ``forget_traces``):
+Each MergeComp owns a ``RankState`` (``MergeComp.rank_state``), which reads the MergeComp
+through its public interface only (``step``, ``state_origin``,
+``existing_state_variables``, ``reset_state``, ``settings_fingerprint``, ``keeps_state``,
+``forget_traces``):
 
-* ``MergeComp.state_origin`` (checkpointed with the state) records the rank and
-  world size whose state the variables hold.
-* ``reconcile`` runs once at the first trace of the reduce function (all ranks
-  trace their first step together: the rank agreement check relies on the
-  same), at each elastic sync, and when ``restore_rank_state`` is called after
-  the first step. Every rank says what it holds (``FRESH``: nothing restored;
-  ``OWN``: its own state for this world size; or something it must not train
-  on); the ranks keep their state only when every rank holds its own state (at
-  the same step) or every rank is fresh. Otherwise the state is reset to its
-  initial value on every rank and rank 0 logs one warning naming what each
-  rank held. Either way every rank then takes rank 0's step.
-* A decision taken before the state variables exist (they are created at the
-  first trace, when a checkpoint restored earlier is restored into them)
-  applies right after they are created.
-* Rank-state files (``<checkpoint path>.mergecomp-rank<r>-of-<W>``, an ``.npz``
-  archive written by ``RankState.write``) carry one rank's state, the step
-  and the settings they belong to; ``tf_mergecomp.checkpoint`` saves and
-  finds them.
+* ``reconcile``, a collective, runs once at the first trace of the reduce function (all
+  ranks trace their first step together: the rank agreement check relies on the same), at
+  each elastic sync, and when ``restore_rank_state`` is called after the first step.
+* A decision taken before the state variables exist (they are created at the first
+  trace, when a checkpoint restored earlier is restored into them) applies right after
+  they are created.
+* Rank-state files (``<checkpoint path>.mergecomp-rank<r>-of-<W>``, an ``.npz`` archive
+  written by ``RankState.write``) carry one rank's state, the step and the settings they
+  belong to; ``tf_mergecomp.checkpoint`` saves and finds them.
 """
 
 import io
@@ -172,9 +161,11 @@ class RankState:
     def reconcile(self, process_set=None):
         """Collective over the MergeComp's process set: every rank must call it.
 
-        Decides whether the ranks keep the state they hold (each its own, or all
-        fresh) or reset it everywhere (with one warning, on rank 0), and gives every
-        rank rank 0's step. Returns the outcome as a dict.
+        Every rank says what it holds (``FRESH``, ``OWN``, or a status it must not
+        train on). The ranks keep their state only when every rank holds its own (at
+        the same step) or every rank is fresh; otherwise it is reset on every rank,
+        with one warning on rank 0. Every rank then takes rank 0's step. Returns the
+        outcome as a dict.
         """
         import horovod.tensorflow as hvd
 

@@ -1,27 +1,21 @@
 """The plain-TensorFlow reference of every codec: the tests' oracle, and the route
 for a codec or a memory of your own.
 
-The engine runs a built-in codec through the fused group ops (one encode op,
-one collective, one decode op per group; custom_ops/cc/kernels/group_op.h).
-This module runs the same group in plain TensorFlow, one step at a time:
+It runs a group as the fused group ops do (fused_groups.py), one step at a time:
 
     flat = concat(group's gradients)          (a non-finite tensor zeroed)
     compensated, state = memory.compensate(flat, state)
     averaged, sent = codec.reduce(compensated, seed, communicator)
-    state = memory.update(compensated, sent, state)   (kept where a tensor was non-finite)
+    state = memory.update(compensated, sent, state)   (kept if a tensor was non-finite)
     outputs = split(averaged)                 (a non-finite tensor's output all NaN)
 
 The tests hold the fused ops to it: bit for bit for the dense codecs, the same
-selection for the sparse ones. ``plain(codec)`` gives a built-in codec that
-runs this path (same parameters, same seeds); PowerSGD, which reduces its
-groups itself, then runs its own plain-TF path.
-
-A codec of your own (a ``Compressor`` subclass without a ``group_codec``,
-implementing ``compress``, ``decompress`` and ``combine`` over one flat
-float32 buffer) always runs here, one payload and one collective per group.
-So does a memory of your own (a ``Memory`` subclass): pair it with
-``plain(codec)`` or a codec of your own; the fused ops know only the
-library's memories, and a ``MergeComp`` refuses the pairing when it is built.
+selection for the sparse ones. ``plain(codec)`` gives a built-in codec that runs this
+path (same parameters, same seeds); PowerSGD, which reduces its groups itself, then runs
+its own plain-TF path. A codec of your own (a ``Compressor`` subclass without a
+``group_codec``) always runs here, one payload and one collective per group; a memory of
+your own needs ``plain(codec)`` or a codec of your own (docs/design.md, "A codec of your
+own").
 """
 
 import copy

@@ -10,12 +10,9 @@ also forgets how many had reported the others (Horovod 0.28.1, the
 rendezvous handler's DELETE). A rank that finishes a small scope (its
 one-rank ``cross_0``) between two ranks' reports of a larger one
 (``local_<host>``) thus leaves the larger one holding the addresses of the
-world just built. Nothing reads them until Horovod is initialized again:
-then a rank may read a peer's old address before the peer replaces it, and
-Gloo aborts the process (``connect [...]: Connection refused``, ``Connect
-timeout``). Measured: 2 ranks on this 2-core host with 3 busy processes
-beside them, a restart crashed after 40 and after fewer (the first time in
-CI); every crash followed an init that had left ``local_localhost`` full.
+world just built. At the next init a rank may read a peer's old address
+before the peer replaces it, and Gloo aborts the process (``Connection
+refused``; docs/search.md, "Horovod restarts between candidates").
 
 ``clear_stale_scopes`` empties such scopes before a restart: one rank,
 while the others wait, reports each stale scope finished until it is empty

@@ -1,9 +1,7 @@
-"""MergeComp's gradient layout (fixed at the first trace) and its compression state: one
-flat float32 variable per gradient tensor holding the memory's buffers (residuals, momenta)
-back to back, then the codec's own state (PowerSGD's Q).
+"""MergeComp's gradient layout (fixed at the first trace) and its compression state.
 
-``StateVariables`` is a part of ``MergeComp`` (its base class): the variables stay the
-MergeComp's own attribute ``_state``, so checkpoint keys are unchanged.
+``StateVariables`` is a base class of ``MergeComp``: the variables are MergeComp's own
+attribute ``_state``, so they checkpoint under MergeComp's keys.
 """
 
 import tensorflow as tf
@@ -81,9 +79,8 @@ class StateVariables:
                         tf.zeros([len(names) * -(-size // self._piece_shards)]),
                         trainable=False, name="piece_%s_%d" % ("_".join(names), i))
                         for i, size in enumerate(self._layout.sizes)]
-            # A checkpoint restored before the first step has just been
-            # restored into the new variables; a decision taken about it
-            # (reset, or this rank's own saved state) applies now.
+            # A checkpoint restored before the first step has just been restored into
+            # them: the ranks' decision about it (rank_state.py) applies now.
             self.rank_state.on_state_created()
         return list(self._state or [])
 

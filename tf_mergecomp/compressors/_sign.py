@@ -9,10 +9,6 @@ the same bytes):
   and NaN counts as +;
 * header scalars are float32 in the machine's byte order (little-endian on
   every supported platform), placed before the bits.
-
-``DenseAllgatherCodec`` holds what those codecs have in common: inputs of any
-float dtype computed in float32, a static length, a single uint8 payload per
-worker, and a decoder that takes the whole ``[world_size, bytes]`` batch.
 """
 
 import tensorflow as tf
@@ -94,11 +90,12 @@ def static_length(flat, codec_name):
 class DenseAllgatherCodec(Compressor):
     """Base of the allgather codecs whose payload is one uint8 row per worker.
 
+    ``compress`` takes a 1-D buffer of static length and any float dtype,
+    computes in float32, and decoded values are cast back to that dtype.
     Subclasses implement ``_encode_reference``/``_decode_reference`` (stock
     TensorFlow), where decoding maps a ``[W, payload_nbytes(n)]`` batch to the
     combined float32[n]; the op backend runs their group codec on a group of
     one tensor (``Compressor.op_encode``/``op_decode``).
-    ``compress`` accepts any float dtype; decoded values are cast back to it.
     """
 
     collective = ALLGATHER

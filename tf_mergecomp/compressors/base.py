@@ -11,14 +11,12 @@ returns back into the averaged gradient:
     sent = compressor.decompress(payload, ctx)   # this worker's own contribution,
                                                  # used by error feedback
 
-``reduce()`` runs exactly that. That is the plain-TF path; the engine runs a
-codec with a ``group_codec`` through the fused group ops instead
+``reduce()`` runs exactly that in plain TF. The engine runs a codec that has a
+``group_codec`` through the fused group ops instead
 (``custom_ops/cc/kernels/group_op.h``), which take the group's tensors as a
 list and give the same bytes. A codec that is not one flat payload per group
 (PowerSGD: a matrix per tensor, two collectives) sets ``reduces_own_groups``
-and implements ``reduce_group()`` over the group's tensors instead; it may keep
-state of its own per tensor (``codec_state_size``, ``initial_codec_state``),
-stored by the engine after the memory's buffers in each tensor's variable.
+and implements ``reduce_group()``.
 """
 
 import tensorflow as tf
@@ -54,9 +52,8 @@ class Compressor:
         ``reduce_group()`` instead of running the flat-buffer path.
       votes_per_rank: True when ``combine`` is a vote of the workers' payloads
         (signSGD's majority vote): a two-level group then counts every rank's
-        vote, as the flat reduce does (tf_mergecomp/hierarchical.py), a machine's
-        votes counted by the codec's ``count_bits``, ``count_votes`` and
-        ``vote_of_counts``.
+        vote, as the flat reduce does (tf_mergecomp/hierarchical.py), with the
+        codec's ``count_bits``, ``count_votes`` and ``vote_of_counts``.
     """
 
     name = None
@@ -69,9 +66,8 @@ class Compressor:
     votes_per_rank = False
 
     def __init__(self):
-        # "op": the engine runs a codec with a group_codec through the fused
-        # group ops. tf_mergecomp.reference.plain() makes a copy that runs
-        # the plain-TF path instead ("reference").
+        # "op": the fused group ops. tf_mergecomp.reference.plain() makes a
+        # copy with "reference", the plain-TF path.
         self.backend = "op"
 
     @property

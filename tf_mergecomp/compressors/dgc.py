@@ -21,21 +21,17 @@ NaN ranks as +inf (it is selected and propagates), as in topk.
 State: none in the codec; the default memory is "dgc" (momentum correction,
 local accumulation, momentum-factor masking) with this codec's momentum.
 
-Wire format: identical to topk, exactly k slots, 8k bytes: k float32 values,
-then k int32 indices, little-endian, ascending index order, padding last.
+Wire format: topk's, exactly k slots, 8k bytes: k float32 values, then k int32
+indices, little-endian, ascending index order, padding last.
 Collective: allgather; decode adds all workers' values into zeros, divides by W.
 
 Defaults: ratio = 0.01, sample_ratio = 0.01 (DGC's paper samples 0.1% to 1%),
 momentum = 0.9 (the memory's mu).
 
-Ops: the "dgc" codec of MergecompGroupEncode (sample, nth_element, parallel
-counting passes, compaction) and MergecompGroupDecode. The plain-TF reference draws the
-same sample through counter_random.py and gives identical bytes. In a merged group
-(the "dgc" codec of MergecompGroupEncode) the sample is read before the
-memory's compensation pass, which then counts every refinement's candidates
-and collects those of the sampled threshold in the same pass; when a
-threshold reaches k, the payload is the exact top-k (step 4), so the group
-codec then selects as topk's does. Same bytes as the single-buffer op.
+Ops: the "dgc" codec of MergecompGroupEncode/Decode (custom_ops/cc/kernels/dgc_op.h;
+in a merged group the selection runs inside the memory's compensation pass,
+dgc_op.cc). The plain-TF reference draws the same sample through
+counter_random.py and gives identical bytes.
 """
 
 import math

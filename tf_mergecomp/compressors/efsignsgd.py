@@ -17,8 +17,7 @@ Wire format (uint8[4 + ceil(n/8)]): bytes 0-3 the scale (float32,
 little-endian), then the sign bits, bit i % 8 of byte 4 + i // 8 is 1 when
 not p_i < 0.
 
-Ops: the "efsignsgd" codec of ``MergecompGroupEncode`` (one pass: bits and the
-L1 sum) and ``MergecompGroupDecode`` (uint8[W, 4 + ceil(n/8)] -> float32[n] mean).
+Ops: the "efsignsgd" codec of ``MergecompGroupEncode``/``MergecompGroupDecode``.
 """
 
 import tensorflow as tf

@@ -9,11 +9,10 @@ State: none. Memory: ``none``.
 
 Wire format: the float16[n] buffer, 2n bytes.
 
-Ops: the "fp16" codec of ``MergecompGroupEncode``/``MergecompGroupDecode``
-(float32 -> half, F16C on x86 CPUs that have it, and back); the reference uses
-``tf.cast`` and matches bit for bit. Used as the fp16 baseline by MergeComp (Wang, Wu and
-Ng, 2021, "MergeComp: A Compression Scheduler for Scalable Communication-
-Efficient Distributed Training") and Horovod's ``Compression.fp16``.
+Ops: the "fp16" codec of ``MergecompGroupEncode``/``MergecompGroupDecode``; the
+reference uses ``tf.cast`` and matches bit for bit. The fp16 baseline of MergeComp
+(Wang, Wu and Ng, 2021, "MergeComp: A Compression Scheduler for Scalable
+Communication-Efficient Distributed Training") and Horovod's ``Compression.fp16``.
 """
 
 import tensorflow as tf

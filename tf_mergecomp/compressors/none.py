@@ -2,13 +2,15 @@
 
 Algorithm: payload = g (cast to float32); combine returns the allreduce
 average, cast back to the input dtype. The baseline every codec is compared
-against; it runs through the same grouping and scheduling as the others.
+against.
 
 State: none. Memory: ``none``.
 
 Wire format: the float32[n] buffer, 4n bytes.
 
-No custom op is needed: encoding is at most a cast.
+Ops: with memory ``none`` a group of one dtype goes to Horovod's grouped
+allreduce (tf_mergecomp/plain_groups.py); otherwise the "none" codec of
+``MergecompGroupEncode``/``MergecompGroupDecode`` (a copy).
 """
 
 import tensorflow as tf

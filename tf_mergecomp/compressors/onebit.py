@@ -11,14 +11,13 @@ NaN and Inf: a NaN element has bit 1 and makes mu+ NaN, so every "+" element
 of that worker decodes to NaN (the "-" side is unaffected); +inf makes mu+
 +inf and -inf makes mu- -inf.
 
-State: the residual e (``residual`` memory: g is compensated as g + e and
-e <- (g + e) - decoded own payload), the error feedback 1-bit SGD relies on.
+State: the residual e (``residual`` memory), the error feedback 1-bit SGD
+relies on.
 
 Wire format (uint8[8 + ceil(n/8)]): bytes 0-3 mu+ and 4-7 mu- (float32,
 little-endian), then the sign bits, bit i % 8 of byte 8 + i // 8.
 
-Ops: the "onebit" codec of ``MergecompGroupEncode`` (one pass: bits and both
-sums) and ``MergecompGroupDecode`` (uint8[W, 8 + ceil(n/8)] -> float32[n] mean).
+Ops: the "onebit" codec of ``MergecompGroupEncode``/``MergecompGroupDecode``.
 """
 
 import tensorflow as tf

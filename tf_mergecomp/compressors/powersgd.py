@@ -2,7 +2,7 @@
 
 Algorithm (Vogels, Karimireddy & Jaggi 2019, "PowerSGD: Practical Low-Rank
 Gradient Compression for Distributed Optimization", Algorithms 1 and 2), for
-a group of tensors, each tensor i of rank >= 2 on its own:
+each tensor i of rank >= 2 of a group:
 
   M_i = the tensor after the memory's compensation (g_i + e_i) as a
         rows_i x cols_i row-major matrix: cols_i = its last dimension
@@ -16,37 +16,35 @@ a group of tensors, each tensor i of rank >= 2 on its own:
              tensor's shape and dtype; Q_i <- Qmean_i (warm start).
 
 Tensors of rank <= 1 (biases, scalars) and empty tensors are sent as they
-are, so they are averaged exactly (a low-rank fit of a vector is the vector).
-Merging changes the collectives, not the math: a tensor's result is the same
-whatever group it is in. Orthonormalisation is Gram-Schmidt on P_i's columns,
-applied twice; dot products and norms accumulate in float64; a column whose
-norm falls below 1e-30 becomes zero (an all-zero gradient gives zeros, not
-NaN). NaN or Inf in M_i propagate to that tensor's result.
+are, so they are averaged exactly. A tensor's result does not depend on its
+group. Orthonormalisation is Gram-Schmidt on P_i's columns, applied twice,
+with float64 dot products and norms; a column whose norm falls below 1e-30
+becomes zero (an all-zero gradient gives zeros, not NaN). NaN or Inf in M_i
+make that tensor's result all NaN on every worker (``reduce_group``).
 
-Error feedback ("sent"): this worker's own contribution P_i Qlocal_i^T, built
-from the shared orthonormal P_i. Its mean over workers is the result, and the
-residual memory keeps e_i = M_i - P_i Qlocal_i^T, the part of M_i outside
-span(P_i) (the paper's Algorithm 2). Tensors sent as they are keep e_i = 0.
+Error feedback ("sent"): this worker's own contribution P_i Qlocal_i^T, whose
+mean over workers is the result; the residual memory keeps
+e_i = M_i - P_i Qlocal_i^T, the part of M_i outside span(P_i) (Algorithm 2).
+Tensors sent as they are keep e_i = 0.
 
-State: in the engine's float32 variable of each tensor (one per gradient
-tensor, see tf_mergecomp/mergecomp.py), after the memory's buffers:
-[e_i (n_i floats, residual memory), Q_i (cols_i x r_i, row-major)]; tensors
-of rank <= 1 keep no Q. Q_i starts as a normal draw seeded by the tensor's
-index in the gradient list (not its group), so every worker starts from the
-same Q_i, and Q_i survives partition changes and checkpoints with the state.
+State, in each tensor's engine variable after the memory's buffers
+(tf_mergecomp/mergecomp.py): [e_i (n_i floats, residual memory), Q_i
+(cols_i x r_i, row-major)]; tensors of rank <= 1 keep no Q. Q_i starts as a
+normal draw seeded by the tensor's index in the gradient list (not its group),
+so every worker starts from the same Q_i, and Q_i survives partition changes
+and checkpoints.
 
-Wire format: two float32 allreduces per group, P then Q, whatever its
-tensors (the Q allreduce is empty when the group has no matrix):
-4 * sum_i r_i * (rows_i + cols_i) + 4 * (elements of the tensors sent as
-they are) bytes per worker (``payload_nbytes``). Defaults: rank = 1 (rank < 1
-is a ValueError).
+Wire format: two float32 allreduces per group, P then Q (Q empty when the
+group has no matrix): 4 * sum_i r_i * (rows_i + cols_i) + 4 * (elements of the
+tensors sent as they are) bytes per worker (``payload_nbytes``).
+
+Defaults: rank = 1 (rank < 1 is a ValueError).
 
 Backends: "op" runs three fused ops per group, MergecompPowersgdGroupP, ...Q
-and ...Finish (custom_ops/cc/kernels/powersgd_op.h; Eigen matrix products,
-state read and updated in place), with the memories "none" and "residual";
-another memory (chosen explicitly) runs the plain-TF path. "reference" is that
-plain-TF path (tf.linalg.matmul per tensor); the two agree to float32
-rounding (sums are accumulated in different orders).
+and ...Finish (custom_ops/cc/kernels/powersgd_op.h), with the memories "none"
+and "residual"; backend "reference", or another memory, runs the plain-TF path
+(tf.linalg.matmul per tensor). The two agree to float32 rounding (sums are
+accumulated in different orders).
 """
 
 import collections
@@ -132,8 +130,8 @@ class PowerSGDCompressor(Compressor):
         return 0 if view is None else view.cols * view.rank
 
     def initial_codec_state(self, shape, tensor_index):
-        """Q_i: cols x r standard normal values (row-major), a fixed function of
-        the tensor's index in the gradient list and its shape."""
+        """Q_i: cols x r standard normal values (row-major), a function of the
+        tensor's index in the gradient list and its shape."""
         view = self.matrix_view(shape)
         if view is None:
             return None
@@ -184,9 +182,9 @@ class PowerSGDCompressor(Compressor):
         """The group's averaged gradients (shapes and dtypes of ``grads``) and an
         int32 flag per tensor: 1 where some worker's tensor was not finite (its
         averaged P_i then is not either, on every worker): that output is all
-        NaN and its residual and Q stay as they were. state_vars: the engine's
-        variable of each tensor, [memory buffers, Q_i] ([] when no tensor keeps
-        state). ``seed`` is unused: nothing is drawn after Q's initialisation."""
+        NaN and its residual and Q stay as they were. state_vars: as in
+        ``Compressor.reduce_group``. ``seed`` is unused: nothing is drawn after
+        Q's initialisation."""
         del seed
         for g in grads:
             self.matrix_view(g.shape)  # static shapes, or a clear error

@@ -13,9 +13,8 @@ float operation rounds once (no fused multiply-add), so the op and the
 plain-TF reference agree bit for bit; the norm is accumulated in float64 and
 rounded once. A zero norm sends level 0 everywhere.
 
-Randomness: u_i is random.h's RandomUniform(seed, i), the same numbers in
-the op, its CUDA kernel and the reference; the engine gives each worker its
-own seed per step and group.
+Randomness: u_i is random.h's RandomUniform(seed, i) (counter_random.py in
+the reference); the engine gives each worker its own seed per step and group.
 
 NaN and Inf: a NaN or infinite element makes the norm NaN or +inf; all levels
 are then 0 and the whole buffer decodes to NaN (0 * NaN, 0 * inf).
@@ -29,8 +28,7 @@ s = 64): bytes 0-3 the norm (float32, little-endian), then element i's code
 sign_i * l_i + s (in [0, 2s]) in stream bits [i*b, (i+1)*b), stream bit j
 being bit j % 8 of byte 4 + j // 8.
 
-Ops: the "qsgd" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``
-(uint8[W, bytes] -> float32[n] mean); one tensor alone is a group of one.
+Ops: the "qsgd" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``.
 """
 
 import tensorflow as tf

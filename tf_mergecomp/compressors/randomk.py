@@ -4,11 +4,10 @@ Algorithm (Stich et al. 2018, "Sparsified SGD with Memory"; Wangni et al.
 2018): every worker keeps the same k_i = ceil(ratio * n_i) positions of each
 tensor i of the group, drawn uniformly without replacement from a seed that
 the engine makes identical on all workers (shared_seed; step and tensor are
-mixed into it). A merged group samples each of its tensors exactly as that
-tensor would be sampled in a group of its own (tensor i of a group draws with
-seed + (i << TENSOR_SEED_SHIFT), and a group's seed names its first tensor),
-so merging changes the number of collectives, not the draws or the accuracy.
-Because the positions agree, the values can be averaged with an allreduce.
+mixed into it), so the values can be averaged with an allreduce. Tensor i of
+a group draws with seed + (i << TENSOR_SEED_SHIFT), and a group's seed names
+its first tensor, so each tensor gets the draws it would get in a group of its
+own: merging changes the number of collectives, not the draws.
 
 Index draw: position j of a tensor gets the counter-based key
 RandomBits(seed_i, j) (custom_ops/cc/kernels/random.h); the k_i largest keys
@@ -19,24 +18,19 @@ plain-TF reference (tf.math.top_k on the keys).
 Decode (decompress and combine): scatter the (averaged) values into zeros.
 With scale=True tensor i's values are multiplied by n_i / k_i first, which
 makes the decoded vector an unbiased estimate of g (E[decode] = g over seeds).
-With scale=False (the default: "scatter, then mean over workers") the decode is
-the plain projection onto the chosen positions. Error feedback must use
-scale=False: the residual memory then keeps exactly the entries that were not
-sent (e = g - g_S); with scale=True the residual would subtract (n/k) g_S and
-grow.
+With scale=False the decode is the plain projection onto the chosen positions.
+Error feedback must use scale=False: the residual memory then keeps exactly
+the entries that were not sent (e = g - g_S); with scale=True it would
+subtract (n/k) g_S and grow.
 
 State: none in the codec; default memory "residual" (scale=False), "none"
 (scale=True, which refuses any other memory).
 Wire format: sum_i k_i float32 values (4 sum_i k_i bytes), tensor by tensor,
 each in ascending position order. Collective: allreduce (Average).
 Defaults: ratio = 0.01, scale = False.
-Ops: the group codec "randomk" of MergecompGroupEncode/Decode;
-its positions (a group of one) for the per-tensor path, which gathers and scatters with
-tf.gather / tf.scatter_nd. The keys being uniform, the ops compute a threshold
-that about k_i + 6 sqrt(k_i) + 64 of the n_i keys reach, collect those in one
-pass that computes the keys, and pick the k_i largest among them (the radix
-select over all keys only if fewer than k_i were collected): the same
-positions, without three histogram passes over n_i keys.
+Ops: the "randomk" codec of MergecompGroupEncode/Decode (its selection:
+custom_ops/cc/kernels/randomk_op.cc). The per-tensor path takes its positions
+from it (a group of one) and gathers and scatters with tf.gather / tf.scatter_nd.
 """
 
 import numpy as np
@@ -62,8 +56,7 @@ class RandomKCompressor(Compressor):
             raise ValueError("scale must be True or False, got %r" % (scale,))
         self.scale = scale
         if scale:
-            # Unbiased without error feedback (see check_memory).
-            self.default_memory = "none"
+            self.default_memory = "none"  # see check_memory
 
     @property
     def params(self):

@@ -13,12 +13,12 @@ NaN and Inf: a sign bit means ``not (g_i < 0)``, so NaN votes +1, -0.0 votes
 State: none. Memory: ``none`` (signum adds momentum; efsignsgd adds error
 feedback and a scale).
 
-On two levels (machines of L ranks, tf_mergecomp/hierarchical.py), ``two_level_vote``:
-``"rank"`` (default) counts every rank's vote, the flat vote bit for bit: each rank
-sends across machines the L ranks' bits of its shard, or with L >= 3 their count of "+"
-votes per element in ceil(log2(L + 1)) bits (``count_votes``: 4 bits for 8 ranks);
-``"machine"`` lets each machine's average cast one vote (1 bit per element across
-machines, but M voters instead of L * M, and with an even M more ties, which vote +1).
+On two levels (M machines of L ranks, tf_mergecomp/hierarchical.py; docs/scaling.md, 2g),
+``two_level_vote``: ``"rank"`` (default) counts every rank's vote, the flat vote bit for
+bit: each rank sends across machines the L ranks' bits of its shard, or with L >= 3 their
+count of "+" votes per element in ceil(log2(L + 1)) bits (``count_votes``); ``"machine"``
+lets each machine's average cast one vote (1 bit per element across machines, but M
+voters instead of L * M, and with an even M more ties, which vote +1).
 
 Wire format (uint8[ceil(n/8)], ceil(n/8) bytes): bit i % 8 of byte i // 8
 (least significant first) is 1 when g_i is "+"; padding bits are 0.
@@ -61,7 +61,7 @@ class SignSGDCompressor(DenseAllgatherCodec):
 
     @property
     def params(self):
-        # Named only when not the default: fingerprints of before the setting unchanged.
+        # Only a non-default vote is named, so that existing fingerprints still match.
         return {} if self.votes_per_rank else {"two_level_vote": self.two_level_vote}
 
     def payload_nbytes(self, n):

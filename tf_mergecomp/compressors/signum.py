@@ -12,13 +12,12 @@ State: the momentum m, one float32 per element (the ``momentum`` memory,
 
 Defaults: beta = 0.9 (must be in [0, 1)).
 
-On two levels (machines of L ranks, tf_mergecomp/hierarchical.py), ``two_level_vote``:
-``"rank"`` (default) counts every rank's vote, the flat reduce bit for bit: each rank
-keeps its whole momentum, as flat, applies it to its own gradients and sends the signs
-of every shard (its group's bits) across machines. ``"machine"``: each machine's average
-votes; the rank holding a piece keeps the momentum of the machine's average gradient for
-that piece (1/L of the state, L times fewer bytes across machines, M voters instead of
-L * M).
+On two levels (M machines of L ranks, tf_mergecomp/hierarchical.py; docs/scaling.md, 2g),
+``two_level_vote``: ``"rank"`` (default) counts every rank's vote, the flat reduce bit
+for bit: each rank keeps its whole momentum, as flat, and sends the signs of every shard
+(its group's bits) across machines. ``"machine"``: each machine's average votes, and the
+rank holding a piece keeps the momentum of the machine's average gradient for that piece
+(1/L of the state, L times fewer bytes across machines, M voters instead of L * M).
 
 Wire format: identical to signsgd, uint8[ceil(n/8)]: bit i % 8 of byte i // 8
 is 1 when not (m_i < 0). NaN and Inf behave as in signsgd.

@@ -12,10 +12,6 @@ import math
 
 import tensorflow as tf
 
-# NaN is treated as the largest magnitude (ranked like +inf, ties to the lower
-# index), so a NaN in the gradient is sent and shows up in the result instead
-# of being silently dropped.
-
 
 def sparse_k(n, ratio):
     """k = ceil(ratio * n), at least 1 when n >= 1.
@@ -36,7 +32,7 @@ def static_length(flat):
 
 
 def magnitude(values):
-    """|values| with NaN as +inf (the ops' ranking key)."""
+    """|values| with NaN as +inf (the ops' ranking key), so a NaN is sent, not dropped."""
     return tf.where(tf.math.is_nan(values), tf.constant(float("inf"), values.dtype), tf.abs(values))
 
 

@@ -8,8 +8,8 @@ an unbiased estimate of g_i; combine averages the W decoded buffers. m = 0
 sends nothing. (The paper's layer-wise scaling and gradient clipping are not
 applied: MergeComp compresses merged groups as one buffer.)
 
-Randomness: u_i is random.h's RandomUniform(seed, i), identical in the op,
-its CUDA kernel and the reference.
+Randomness: u_i is random.h's RandomUniform(seed, i) (counter_random.py in
+the reference).
 
 NaN and Inf: any NaN element makes m NaN; an infinite one makes m +inf. No
 element is then sent and the whole buffer decodes to NaN (NaN * 0, inf * 0).
@@ -20,8 +20,7 @@ Wire format (uint8[4 + ceil(n/4)]): bytes 0-3 m (float32, little-endian),
 then 2 bits per element at bits 2 * (i % 4) of byte 4 + i // 4: bit 0 =
 sent, bit 1 = negative (codes 0: 0, 1: +1, 3: -1).
 
-Ops: the "terngrad" codec of ``MergecompGroupEncode`` (seeded) and
-``MergecompGroupDecode`` (uint8[W, 4 + ceil(n/4)] -> float32[n] mean).
+Ops: the "terngrad" codec of ``MergecompGroupEncode`` / ``MergecompGroupDecode``.
 """
 
 import tensorflow as tf

@@ -16,17 +16,11 @@ Collective: allgather (W * 8k bytes arrive).
 
 Defaults: ratio = 0.01 (ratio must be in (0, 1]).
 
-Ops: the "topk" codec of MergecompGroupEncode (radix select, O(n), sharded
-over TensorFlow's intra-op pool) and MergecompGroupDecode (the W gathered
-payloads in one pass); one tensor alone is a group of one. The plain-TF reference uses tf.math.top_k on
-the magnitudes and tensor_scatter_nd_add; both give identical bytes.
-In a merged group (the "topk" codec of MergecompGroupEncode) the selection
-reads the compensated values where the memory left them, with no copy of the
-group: a threshold taken from a sample of the values, sized by the group
-(before the compensation pass), lets that one pass collect a few more than k
-candidates, and the exact k largest are chosen among them; only when fewer
-than k are collected does the radix select over the whole group decide. The
-sample changes the work, never the result.
+Ops: the "topk" codec of MergecompGroupEncode/Decode (custom_ops/cc/kernels/
+topk_op.h: one compensate-and-collect pass above a threshold taken from a sample,
+and a radix select over the group only when fewer than k are collected; the
+sample changes the work, never the result). The plain-TF reference uses
+tf.math.top_k and tensor_scatter_nd_add; both give identical bytes.
 """
 
 import tensorflow as tf
@@ -59,7 +53,7 @@ class TopKCompressor(Compressor):
         return {"k": self.k(sum(sizes))}
 
     def _encode(self, values, seed, n, k):
-        """float32[n] -> the 8k-byte payload (subclasses choose the k differently)."""
+        """float32[n] -> the 8k-byte payload (subclasses choose the k entries differently)."""
         del n  # exact top-k draws nothing
         if self.backend == "op":
             return self.op_encode(values, seed)[0]

@@ -1,11 +1,7 @@
 """MergeComp for Keras 3 on the TensorFlow backend (``tf.keras`` of TensorFlow >= 2.16).
 
-Horovod 0.28.1's Keras wrappers were written for Keras 2: under Keras 3,
-``horovod.tensorflow.keras.DistributedOptimizer`` trains without an error and
-never averages (its gradient hook is one Keras 3 never calls), and
-``hvd.DistributedGradientTape`` fails on Keras 3 variables (they have no
-``.ref()``). This module is the Keras 3 route, built on Horovod's TensorFlow
-collectives (``horovod.tensorflow``) and MergeComp's reduce function::
+Horovod 0.28.1's Keras wrappers do not work under Keras 3 (docs/keras3.md); this module is
+the Keras 3 route, built on Horovod's TensorFlow collectives and MergeComp's reduce function::
 
     import keras
     import horovod.tensorflow as hvd
@@ -21,12 +17,7 @@ collectives (``horovod.tensorflow``) and MergeComp's reduce function::
                               mck.MergeCompCallback(compression)])   # the partition search
 
 Custom loops: ``mck.DistributedGradientTape(tape, compression=...)`` or
-``mck.reduce_gradients(grads, variables, compression)``. docs/keras3.md has
-the details (clipping, mixed precision, gradient accumulation, EMA,
-``jit_compile``, checkpoints).
-
-Keras 3 on the JAX or PyTorch backend is refused at import: MergeComp's group
-ops and Horovod's collectives used here are TensorFlow ops.
+``mck.reduce_gradients(grads, variables, compression)``.
 """
 
 import keras as _keras

@@ -1,20 +1,4 @@
-"""Keras 3 callbacks: the initial broadcast, metric averaging, and the partition search in ``fit``.
-
-``BroadcastGlobalVariablesCallback(root_rank)`` sends rank ``root_rank``'s
-model weights, optimizer variables and MergeComp step to every rank before the
-first step. Keras 3 creates an optimizer's variables lazily (at its first
-``apply``, or when ``fit`` builds the model); the callback builds the
-optimizer first (``optimizer.build(model.trainable_variables)``) where that
-has not happened, so the slots exist when they are sent.
-
-``MetricAverageCallback`` averages the epoch's logs (loss, metrics, validation
-metrics) over the ranks, so that every rank reports the same numbers.
-
-``MergeCompCallback`` runs MergeComp's partition search in ``fit``, as
-tf_mergecomp/callback.py does for Keras 2: one Keras train function per
-candidate partition (``model.make_train_function(force=True)``), swapped into
-``model.train_function``, which Keras 3's ``fit`` looks up at every step.
-"""
+"""Keras 3 callbacks: the initial broadcast, metric averaging, the partition search in ``fit``."""
 
 import keras
 import numpy as np
@@ -31,8 +15,10 @@ def _refuse_xla(model):
 
 
 def broadcast_variables(model, root_rank=0, process_set=None):
-    """Sends rank ``root_rank``'s weights, optimizer variables (built first where
-    they are not yet) and MergeComp step to every rank; call it on every rank."""
+    """Sends rank ``root_rank``'s weights, optimizer variables and MergeComp step to
+    every rank; call it on every rank. Keras 3 creates an optimizer's variables
+    lazily (at its first ``apply``, or when ``fit`` builds the model): an optimizer
+    not built yet is built first, so its slots exist when they are sent."""
     import horovod.tensorflow as hvd
 
     optimizer = getattr(model, "optimizer", None)
@@ -74,8 +60,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Averages the numeric entries of each epoch's logs over the ranks (list it
-    before callbacks that read the logs: Keras runs them in order)."""
+    """Averages the numeric entries of each epoch's logs (loss, metrics, validation
+    metrics) over the ranks (list it before callbacks that read the logs: Keras runs
+    them in order)."""
 
     def __init__(self, process_set=None):
         super().__init__()
@@ -101,10 +88,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
 class MergeCompCallback(FitSearchHooks, keras.callbacks.Callback):
     """Searches the fastest partition for ``compression`` while a Keras 3 model trains.
 
-    The arguments are tf_mergecomp.MergeCompCallback's (README, Parameters):
-    ``compression`` (the MergeComp given to ``DistributedOptimizer``),
-    ``steps_per_candidate``, ``max_groups``, ``save_path``, ``verbose``,
-    ``log_dir`` and the ``PartitionSearchDriver`` options.
+    The arguments are tf_mergecomp.MergeCompCallback's; ``compression`` is the
+    MergeComp given to ``DistributedOptimizer``.
     """
 
     def on_train_begin(self, logs=None):

@@ -1,28 +1,12 @@
 """``DistributedOptimizer`` for Keras 3: gradients averaged by MergeComp (or plain Horovod)
 before the wrapped optimizer uses them.
 
-Where the average happens. ``optimizer.apply(grads, variables)`` (which
-``apply_gradients`` and Keras 3's ``fit`` call) first reduces the gradients
-across the ranks, then runs the wrapped optimizer's own ``apply``. Everything
-the wrapped optimizer does therefore sees the averaged gradients, identical on
-every rank:
-
-* ``clipnorm`` / ``clipvalue`` / ``global_clipnorm``: clipping happens AFTER
-  the average (it clips the averaged gradient);
-* ``LossScaleOptimizer`` (mixed precision): wrap it, ``DistributedOptimizer(
-  LossScaleOptimizer(opt))``: the loss-scaled gradients are averaged, so a
-  rank's overflow reaches every rank (MergeComp turns a non-finite tensor all
-  NaN everywhere and leaves its compression state as it was) and every rank
-  skips the step and lowers the scale together. Keras' ``compile`` wraps an
-  optimizer in a ``LossScaleOptimizer`` itself under a ``mixed_float16``
-  policy; it is then re-wrapped in that order, with one log line;
-* ``gradient_accumulation_steps``: each micro-batch's gradients are averaged
-  as they come (one exchange per micro-batch), then accumulated;
-* EMA (``use_ema``): the averages follow identical weights on every rank.
-
-The optimizer passed in becomes the distributed one (its class is swapped
-for a subclass named like it, so a saved model loads without this library)
-and is returned.
+``optimizer.apply(grads, variables)`` (which ``apply_gradients`` and Keras 3's ``fit``
+call) first reduces the gradients across the ranks, then runs the wrapped optimizer's
+own ``apply``, so clipping, loss scaling, gradient accumulation and EMA all see the
+averaged gradients, identical on every rank (docs/keras3.md, "Where the average
+happens"). A ``LossScaleOptimizer`` goes inside: ``DistributedOptimizer(
+LossScaleOptimizer(opt))``, so that every rank skips an overflowing step together.
 """
 
 import functools
@@ -142,10 +126,11 @@ def DistributedOptimizer(optimizer, compression=None, op=None, process_set=None,
       process_set: a Horovod process set (default: all ranks).
       device: where Horovod's plain allreduce runs (Horovod's ``device_dense``).
 
-    Returns ``optimizer``, now distributed. With a MergeComp, the optimizer
-    tracks it: ``tf.train.Checkpoint(optimizer=...)`` holds its state, and
-    Keras' ``.keras`` / ``.weights.h5`` files hold its step and this rank's
-    state (docs/keras3.md, checkpoints).
+    Returns ``optimizer``, now distributed: its class is swapped for a subclass
+    named like it, so a saved model loads without this library. With a MergeComp,
+    the optimizer tracks it: ``tf.train.Checkpoint(optimizer=...)`` holds its
+    state, and Keras' ``.keras`` / ``.weights.h5`` files hold its step and this
+    rank's state (docs/keras3.md, "Checkpoints").
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer wraps a Keras 3 optimizer (keras.optimizers.*), "
@@ -227,7 +212,7 @@ def _install_compile_check():
         if self.optimizer is not optimizer and is_distributed(
                 getattr(self.optimizer, "inner_optimizer", None)):
             # A mixed_float16 policy: compile put a LossScaleOptimizer around the
-            # distributed one. Average before the overflow check instead.
+            # distributed one. Re-wrap, to average before the overflow check.
             settings = _unwrap(optimizer)
             DistributedOptimizer(self.optimizer, compression=settings.compression,
                                  op=settings.op, process_set=settings.process_set,

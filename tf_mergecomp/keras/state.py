@@ -2,21 +2,14 @@
 
 A distributed optimizer with a MergeComp carries a ``KerasMergeCompState``
 (``optimizer.mergecomp_state``), which Keras 3 saves as a child of the
-optimizer in ``.keras`` and ``.weights.h5`` files (``model.save``,
-``save_weights``, ``ModelCheckpoint``, ``BackupAndRestore``): MergeComp's
-step, ``state_origin`` (whose state it is: rank and world size) and this
-rank's compression state. A model loaded without this library ignores it.
+optimizer in ``.keras`` and ``.weights.h5`` files: MergeComp's step,
+``state_origin`` (rank and world size) and this rank's compression state.
 
-Loading it follows the per-rank rule of docs/checkpoints.md: the state is
-kept only if, at the first step, every rank holds its own (each rank loaded a
-file it saved itself, in a world of the same size, at the same step);
-otherwise it is reset on every rank with one warning, and every rank takes
-rank 0's step. So rank 0's file loaded everywhere resumes with a reset state;
-a file per rank (``BackupAndRestore`` or ``ModelCheckpoint`` with a per-rank
-path, or ``save_rank_state`` beside rank 0's file) resumes exactly. Load
-before the first training step; a load after it is a collective of all
-ranks. Load into a built optimizer (``model.optimizer.build(
-model.trainable_variables)``), as Keras 3 requires for any optimizer state.
+Loading it follows the per-rank rule of docs/checkpoints.md: the state is kept
+only if, at the first step, every rank holds its own; otherwise it is reset on
+every rank with one warning, and every rank takes rank 0's step
+(docs/keras3.md, "Checkpoints"). Load before the first training step; a load
+after it is a collective of all ranks.
 """
 
 import json
@@ -103,10 +96,9 @@ def save_rank_state(owner, path):
 
 
 def restore_rank_state(owner, path):
-    """Finds this rank's state beside checkpoint ``path`` (written by
-    ``save_rank_state``); call it on every rank, after loading the checkpoint.
-    Returns the file found, or None (the state is then reset on every rank at
-    the first step, with one warning)."""
+    """Finds this rank's state beside checkpoint ``path``; call it on every rank,
+    after loading the checkpoint. Returns the file found, or None (the state is
+    then reset on every rank at the first step, with one warning)."""
     mc = _mergecomp_of(owner)
     process_set = mc.rank_state.process_set_or_global()
     rank, world_size = process_set.rank(), process_set.size()

@@ -3,11 +3,9 @@
 A memory names its state buffers and defines how they change; the engine owns
 the state (one flat float32 ``tf.Variable`` per gradient tensor, holding the
 memory's buffers back to back in ``state_names`` order, so that it checkpoints
-with the model and does not depend on the partition). The fused group op
-(``MergecompGroupEncode``, memory attribute ``name`` and ``op_attrs()``)
-applies the memory inside the kernel; the plain-TF path, the reference the op
-is tested against, hands each group's slice of the state in and out as flat
-buffers:
+with the model and does not depend on the partition). ``MergecompGroupEncode``
+applies the memory inside the kernel (``Memory.op_attrs``); the plain-TF
+reference hands each group's slice of the state in and out as flat buffers:
 
     compensated, state = memory.compensate(flat_grad, state)
     ... compress and communicate ``compensated`` ...

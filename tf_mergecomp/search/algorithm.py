@@ -1,32 +1,24 @@
 """MergeComp's partition search: explore with a step-time model, then confirm with real steps.
 
-docs/search.md describes the search, its cost and its measurements. In short:
-explore (profile one group's steps, probe single groups of a few balanced layouts, fit
-each part's costs, predict every layout with tf_mergecomp/search/step_model.py, and pick
-the fastest of each group count from 2 to ``max_groups``, refined on probed groups), then
-confirm: the ``finalists`` and the sentinels (one group, layer-wise; with
-``plain_horovod`` also ``PLAIN_HOROVOD``) train untimed once, then ``rounds`` interleaved
-rounds time them, each as a ratio to one group's time in the same round; clear losers are
-dropped, and the leader replaces one group only if the mean of its log ratios plus
-``standard_errors`` standard errors is below zero (``resolve_rounds`` extra rounds at most).
-
-Per-group codecs (``codecs``: the compressor's name, then plain codecs such as ``none``):
-the model gives each group the codec of least cost, and each ranked layout's codecs are
-settled over its codec assignments (``candidates.best_assignment``). With ``fusion``
-(Horovod's cycle and fusion buffer; docs/search.md, "The fusion layout") the model waits for
-Horovod's cycle instead of charging each probed group the cycle its probe waited, and the
-layout Horovod's tensor fusion makes of the profiled ready times, with the model's codecs,
-takes the place of the weakest finalist where predicted faster (where that layout is
-layer-wise, the layer-wise sentinel takes the model's codecs instead).
+Explore: profile one group's steps, probe single groups of a few balanced layouts, fit
+each part's costs and predict every layout with tf_mergecomp/search/step_model.py; after
+probing the best layouts' groups too, the best predicted layouts of 2 to ``max_groups``
+groups become the finalists. Confirm: the finalists and the sentinels (one group,
+layer-wise; with ``plain_horovod`` also ``PLAIN_HOROVOD``) are timed in interleaved rounds,
+each as a ratio to one group's time in the same round; clear losers are dropped, and the
+leader replaces one group only if its gain is resolved (``standard_errors``). With
+``codecs``, each group of a layout takes the codec the model predicts fastest; with
+``fusion``, the layout Horovod's tensor fusion makes may replace the weakest finalist.
+docs/search.md describes each step and its cost.
 
 The algorithm is framework-free and driven by requests (tf_mergecomp/search/requests.py):
 ``start()`` returns the first request, ``answer(value)`` the next (None when done):
 
   ``Profile(splits)``  train with this layout, profile ``profiled_steps``
                        steps; answer a ``ProfileResult``.
-  ``Probe(layouts)``   time every group of these layouts alone; answer a
-                       [groups, 3] array of encode, collective, decode seconds
-                       per layout.
+  ``Probe(layouts)``   time every group of these layouts alone (with
+                       ``codec``, None: the compressor); answer a [groups, 3]
+                       array of encode, collective, decode seconds per layout.
   ``Warm(layouts)``    train with each layout in turn, untimed; answer None.
   ``Time(splits)``     one confirm round of this candidate: train with it
                        and answer its seconds per step.
@@ -246,7 +238,6 @@ class PartitionSearchAlgorithm:
                 self.choice = ()
                 self.notes.append("one group is the only layout allowed")
                 return
-            # Nothing to explore: one group against plain Horovod.
             self.notes.append("one group is the only layout allowed: confirmed against "
                               "plain Horovod")
             yield from self._confirm()
@@ -421,11 +412,8 @@ class PartitionSearchAlgorithm:
                 active = self._drop_clear_losers(active, round_index)
                 if active == [REFERENCE]:
                     break
-        # Among the candidates still timed: one dropped lost to the leader on the
-        # rounds it ran, and its median over those rounds is no match for a
-        # survivor's over all of them (round 1-2 of a DGC search timed one group
-        # slow, so the 3-group candidate dropped after them kept a median of
-        # 0.73 of one group, the leader it lost to came to 0.83 over 4 rounds).
+        # Among the candidates still timed only: a dropped one's median covers just the
+        # rounds it ran, which is no match for a survivor's over all of them.
         self.leader = self.fastest(active)
         while (self.leader != REFERENCE and self.extra_rounds < self.resolve_rounds
                and self._unresolved(self.leader)):

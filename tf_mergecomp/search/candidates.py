@@ -1,11 +1,6 @@
 """The fastest layouts of one group count under a step-time model, and the
-fastest codec assignment of a layout.
-
-The search ranks candidates by prediction before it times any: for each group
-count, every layout when there are few enough, else a grid of cut positions
-whose best layouts are then refined one cut at a time
-(tf_mergecomp/search/algorithm.py, step 3).
-"""
+fastest codec assignment of a layout: how the partition search ranks candidates
+before it times any (tf_mergecomp/search/algorithm.py)."""
 
 import itertools
 import math
@@ -16,8 +11,7 @@ from tf_mergecomp.search import step_model
 
 # On a grid, the best this many layouts are refined cut by cut.
 REFINED_SEEDS = 8
-# Codec assignments of one layout evaluated exhaustively up to this many, else
-# group by group (best_assignment), at most ASSIGNMENT_SWEEPS sweeps over the groups.
+# Codec assignments of one layout evaluated exhaustively up to this many (best_assignment).
 ASSIGNMENTS_LIMIT = 4096
 ASSIGNMENT_SWEEPS = 3
 
@@ -97,9 +91,10 @@ def best_assignment(layout, costs_by_codec, model_of, cheapest):
 
     ``costs_by_codec``: one cost function per codec; ``model_of(costs)``: the
     StepTimeModel of an ``AssignedCodecCosts``; ``cheapest()``: each group's
-    cheapest codec on its own (asked only past the limit). Up to ``ASSIGNMENTS_LIMIT`` assignments every
-    one; past it, from the best of ``cheapest`` and of each codec everywhere,
-    one group at a time tries every codec, sweeping until no change gains.
+    cheapest codec on its own (asked only past the limit). Up to
+    ``ASSIGNMENTS_LIMIT`` assignments, every one is evaluated; past it, from the
+    best of ``cheapest`` and of each codec everywhere, one group at a time tries
+    every codec, for at most ``ASSIGNMENT_SWEEPS`` sweeps or until none gains.
     """
     groups = len(layout) + 1
     codecs = len(costs_by_codec)

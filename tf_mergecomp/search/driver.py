@@ -13,12 +13,8 @@
         search.after_step(loss)          # waits for ``loss``, then times the step
     search.finish()                      # if training ended before the search
 
-What the search costs step by step (traces, discarded and timed steps, Horovod restarts
-between candidates), and the saved file, are in docs/search.md. Every answer is averaged
-over the workers, so all take the same path; rank 0 logs each phase and what the search
-cost. Keras' smaller last batch of an epoch runs on the one-group function, untimed.
-With ``save_path``, the result is saved and reused (tf_mergecomp/search/store.py); a
-``save_path`` that cannot be written fails before the first step, on every rank.
+Its steps, their cost and the saved file are described in docs/search.md. Every answer is
+averaged over the workers, so every rank takes the same path; rank 0 logs.
 """
 
 
@@ -52,7 +48,7 @@ class PartitionSearchDriver:
       max_groups: the most groups a predicted candidate may have (>= 1).
       steps_per_candidate: timed steps of a candidate per confirm round.
       rounds: confirm rounds.
-      finalists: predicted candidates confirmed beside the two sentinels.
+      finalists: predicted candidates confirmed beside the sentinels.
       warmup_steps: steps discarded after every trace of the train step.
       profiled_steps: profiled one-group steps.
       probe_repeats: timed calls per probed layout.
@@ -63,19 +59,15 @@ class PartitionSearchDriver:
         placement (tf_mergecomp/search/step_model.py); by default on the backprop
         stream on hosts without a GPU, and decodes after backprop when
         TensorFlow runs ops on one inter-op thread.
-      min_turn_seconds: the least a confirm turn should last: where
+      min_turn_seconds: the least a confirm turn should last, in seconds: where
         ``steps_per_candidate`` steps of the profiled step take less, a turn
         times more of them (at most ``MAX_TURN_FACTOR`` times as many). 0 (the
-        default) times ``steps_per_candidate``. Turns of a few 20 ms steps are
-        as short as the host's scheduling hiccups; longer ones cost steps
-        (on a transformer's 25 ms steps, the same config's turns spread by
-        12-29% over 5-7 steps and by 7-14% over 20).
+        default) times ``steps_per_candidate``.
       restart_horovod: restart Horovod (``hvd.shutdown(); hvd.init()``) at
         each switch of candidate and once the partition is fixed, where that is
-        safe (``communication.restart_blocker``): Horovod's response cache would
-        otherwise keep every candidate's collectives and coordinate them in
-        every later cycle, slowing the candidates timed after them and the
-        training that follows the search.
+        safe (``restart_blocker`` in tf_mergecomp/search/restart.py), so that no
+        candidate's collectives stay in Horovod's response cache (docs/search.md,
+        section 3).
       plain_codecs: the codecs a group may use instead of the compressor,
         where the MergeComp has ``plain_groups`` on: ``("none",)`` (default,
         exact), or ``("none", "fp16")`` (fp16 groups too, at half the bytes).
@@ -225,8 +217,7 @@ class PartitionSearchDriver:
         self._started = time.perf_counter()
         if self.train_functions is None:
             self.train_functions = self._loop_functions
-        # The first step traces the one-group function, noting the ops that
-        # produce the gradients for the profile.
+        # The first step traces one group and notes the ops producing the gradients.
         self._producers = recorder.GradientOps()
         self.compression.step_recorder = self._producers
         self.restart_blocker = self._why_not_restart()
@@ -291,10 +282,9 @@ class PartitionSearchDriver:
         self._conclude(self.algorithm.choice, save=True)
 
     def searched_codecs(self):
-        """The codecs the search chooses from per group: the compressor and
-        ``plain_codecs`` with ``plain_groups``, each also on two levels where the
-        MergeComp offers it (``two_level_codec_choices``, hierarchical=None on
-        machines of several ranks); None: the compressor only, flat."""
+        """The codecs the search chooses from per group: the compressor and, with
+        ``plain_groups``, ``plain_codecs``, each also on two levels where the MergeComp
+        offers it (``two_level_codec_choices``); None: the compressor only, flat."""
         compression = self.compression
         name = compression.compressor.name
         plain = [c for c in self.plain_codecs if c in compression.codec_choices and c != name]
@@ -322,9 +312,8 @@ class PartitionSearchDriver:
         return describe(layout, self.codecs_of(layout))
 
     def _warm(self, layouts):
-        """An untimed turn of each candidate: traced there, so that no timed turn follows
-        a trace (the steps after one run slow, whatever was traced; round 1 measured
-        one group 1.6x its round-2 time right after the exchange probe, ResNet50 fp16)."""
+        """An untimed turn of each candidate, which traces it, so that no timed turn
+        follows a trace (the steps after one run slow, whatever was traced)."""
         for layout in layouts:
             yield from self._discard_turn(layout)
         return None
@@ -468,7 +457,7 @@ class PartitionSearchDriver:
             self.store.check_writable()
 
     def _load_decision(self):
-        """(saved splits or None, why a search is needed), the same on every rank."""
+        """(saved layout or None, why a search is needed), the same on every rank."""
         if self.store is None:
             return None, None
         return self.store.load(store.identity(self.compression), self.compression.num_tensors)

@@ -1,10 +1,7 @@
 """The partition search in Keras ``fit``: what the Keras 2 and Keras 3 callbacks share.
 
 Each step is timed between ``on_train_batch_begin`` and ``on_train_batch_end``
-(Keras has already waited for the step's outputs when the latter runs). The
-search keeps one Keras train function per partition it trains with and swaps
-it into ``model.train_function``, which ``fit`` looks up at every step: a
-candidate is traced once, however many confirm rounds it takes part in.
+(Keras has already waited for the step's outputs when the latter runs).
 tf_mergecomp/callback.py (Keras 2) and tf_mergecomp/keras/callbacks.py
 (Keras 3) mix ``FitSearchHooks`` into their Keras' ``Callback``.
 """
@@ -16,7 +13,8 @@ from tf_mergecomp.search.report import SearchNoise
 
 class KerasTrainFunctions:
     """Keras (2 or 3) ``fit``: one train function per layout, swapped into
-    ``model.train_function``, which ``fit`` looks up at every step."""
+    ``model.train_function``, which ``fit`` looks up at every step, so a
+    candidate is traced once, however many confirm rounds it takes part in."""
 
     def __init__(self, model, driver):
         self.model = model
@@ -84,6 +82,5 @@ class FitSearchHooks:
         self.search.after_step()
 
     def on_train_end(self, logs=None):
-        # Keep the fastest partition measured so far rather than an arbitrary candidate.
         self.search.finish()
         self._noise.remove()

@@ -126,8 +126,8 @@ class MeasuredGroupCosts:
 class CheapestCodecCosts:
     """Per-group codec choice: each group's parts from the codec whose encode,
     collective and decode add up to the least (``costs_by_codec``: one cost
-    function per codec, the compressor's first). ``choices(lo, hi)`` gives the
-    index of the codec chosen per group; ``fitted`` is the compressor's fit."""
+    function per codec, the compressor's first, which wins ties). ``choices(lo, hi)``
+    gives the index of the codec chosen per group; ``fitted`` is the compressor's fit."""
 
     def __init__(self, costs_by_codec):
         self.costs_by_codec = list(costs_by_codec)
@@ -143,7 +143,6 @@ class CheapestCodecCosts:
     def choices(self, lo, hi):
         parts = self._all(lo, hi)  # [codecs, 3, ...]
         totals = parts.sum(axis=1)
-        # The compressor wins ties (argmin takes the first).
         return np.argmin(totals, axis=0)
 
     def __call__(self, lo, hi):

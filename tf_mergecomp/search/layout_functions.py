@@ -1,17 +1,15 @@
 """Custom training loops during the search: one ``tf.function`` per layout.
 
-A layout changes the traced reduce, so each layout's step is its own
-``tf.function``; ``PartitionSearchDriver.function`` wraps a step in one of
-these and switches them as the search moves between candidates
-(tf_mergecomp/search/driver.py). In ``fit``, the search keeps Keras' own
-train functions instead (tf_mergecomp/search/fit.py).
+A layout changes the traced reduce, so each layout's step is its own ``tf.function``;
+``PartitionSearchDriver.function`` (driver.py) wraps a step so that each call runs the
+active layout's. In ``fit`` the search keeps Keras' own train functions instead (fit.py).
 """
 
 import tensorflow as tf
 
 
 class LayoutFunctions:
-    """Custom loops: one ``tf.function`` per layout for each registered step."""
+    """Each registered step's ``tf.function`` per layout; ``use`` selects the layout."""
 
     def __init__(self, driver):
         self.driver = driver
@@ -38,8 +36,8 @@ class LayoutFunctions:
         if fresh:
             for _, _, functions in self.registered:
                 functions.pop(layout, None)
-        # Traced at its first call (a step not made through ``function()``
-        # is not re-traced: the collectives check then says so).
+        # True when some registered step traces at its next call (a step not made
+        # through ``function()`` is not re-traced: the collectives check then says so).
         return any(layout not in functions for _, _, functions in self.registered)
 
     def keep_only(self, layout):

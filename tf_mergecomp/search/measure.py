@@ -1,6 +1,5 @@
-"""What the partition search measures from the training: the profile of one group's steps
-and the exchange probes of single groups (tf_mergecomp/search/recorder.py records them),
-combined over the ranks for the driver (tf_mergecomp/search/driver.py)."""
+"""The driver's answers to the profile and probe requests: what recorder.py measures of the
+training, combined over the ranks."""
 
 import time
 
@@ -56,6 +55,7 @@ def profile(driver):
         driver.report.log("confirm turns of %d timed steps (at least %.2f s each)" % (
             driver.turn_steps, driver.min_turn_seconds))
     return search_requests.ProfileResult(plain, ready)
+
 
 def probe_layouts(driver, layouts, codec=None):
     """The probe request: every group of ``layouts`` timed alone, combined over the ranks."""

@@ -1,27 +1,6 @@
-"""Measuring the parts of a training step that the step-time model needs.
-
-The partition search's explore phase (tf_mergecomp/search/algorithm.py) predicts a
-partition's step time from measured parts instead of tracing the model once
-per candidate (tf_mergecomp/search/step_model.py). This module measures them:
-
-- ``GradientOps``: set as ``compression.step_recorder`` while a train step is
-  traced, it notes which graph op produces each gradient (and the ops behind
-  it: a gradient is often a reshape of the op that computes it).
-- ``StepProfiler``: runs TensorFlow's profiler over a few training steps and
-  reads, per step, when each of those ops ended (the gradient's ready time,
-  from the step's start), when each group's ``MergecompGroupEncode`` and
-  ``MergecompGroupDecode`` ran, and how long the step took. The profiler
-  records what the executor really did; a ``tf.timestamp()`` placed after a
-  gradient does not: with one inter-op thread TensorFlow runs such small ops
-  late, long after the gradient was ready.
-- ``ExchangeProbe``: a ``tf.function`` that runs a second ``MergeComp`` of the
-  same codec and memory on fixed random tensors of the real gradient shapes,
-  one group at a time, with a ``tf.timestamp()`` between the parts of each
-  group. Every op of the probe waits for the timestamp before it, so each
-  timestamp is the only runnable op when it runs, and each group's encode,
-  collective and decode are timed alone. The probe has error-feedback state
-  of its own (probing never changes the training's), and its re-trace builds
-  a small graph, not the model.
+"""Measuring the parts of a training step that the step-time model (step_model.py) needs:
+when each gradient is ready (``GradientOps``, ``StepProfiler``) and how long each group's
+encode, collective and decode take alone (``ExchangeProbe``); docs/search.md, section 1.
 """
 
 import glob
@@ -77,7 +56,11 @@ class ProfiledStep:
 
 class StepProfiler:
     """TensorFlow's profiler around a few steps: ``start()``, then per step
-    ``step_begins()`` / ``step_ends()``, then ``stop(producers)``."""
+    ``step_begins()`` / ``step_ends()``, then ``stop(producers)``.
+
+    The profile holds when each gradient's op really ended; a ``tf.timestamp()`` after a
+    gradient does not (with one inter-op thread TensorFlow runs such small ops late).
+    """
 
     def __init__(self):
         self._directory = None
@@ -174,10 +157,9 @@ class StepProfiler:
 
 
 def _by_traced_name(ops, traced_names):
-    """``ops`` (profiled op name -> spans) with each of ``traced_names`` that
-    was not profiled under its own name also looked up as the last part of a
-    longer one: when the train step is a tf.function called from another
-    (Keras 3's ``fit``), TensorFlow inlines it and runs its ops under the
+    """``ops`` (profiled op name -> spans) with each of ``traced_names`` not profiled
+    under its own name also looked up as the end of a longer one: TensorFlow inlines a
+    tf.function called from another (Keras 3's ``fit``) and runs its ops under the
     caller's node name, ``<call>/<traced name>``."""
     missing = {name for name in traced_names if name not in ops}
     if not missing:
@@ -210,8 +192,9 @@ GROUP_EVENTS = 4
 
 
 class _SerializedGroupRecorder:
-    """Engine hook for the exchange probe: chains every group's parts through
-    timestamps (see the module docstring) and stores them in a variable."""
+    """Engine hook for the exchange probe: a ``tf.timestamp()`` between the parts of each
+    group, every op waiting for the stamp before it, so that each stamp is the only
+    runnable op when it runs; the stamps are stored in a variable."""
 
     def __init__(self, compression, groups):
         self.compression = compression
@@ -270,8 +253,8 @@ class _ChainedCommunicator:
         stamp = _stamp_after(tensors)
         if self._stamps[ENCODE_END] is None:
             self._stamps[ENCODE_END] = stamp
-        # A name apart from the training's collectives of the same group.
         inputs = _after(tensors, stamp)
+        # A name apart from the training's collectives of the same group.
         result = method(inputs if grouped else inputs[0], ("probe", key))
         results = result if grouped else [result]
         self._stamps[COLLECTIVE_END] = _stamp_after(results)
@@ -318,13 +301,14 @@ def _after(tensors, stamp):
 class ExchangeProbe:
     """Times each group of a partition alone, on tensors of the real gradient shapes.
 
-    ``run(splits, repeats)`` returns a [repeats, groups, 3] array: per call
-    (after one that traces) and group, its encode, collective and decode
-    seconds on this rank; ``cpu_s`` then holds each call's CPU seconds of the
-    whole process (every thread: TensorFlow's, Horovod's background thread,
-    Gloo's), from which the profile takes what the collectives cost the
-    host's CPU. Every rank must make the same calls (they run collectives).
-    ``traces`` counts the probe's traced functions.
+    A second ``MergeComp`` of the same codec and memory runs on fixed random tensors,
+    with error-feedback state of its own (probing never changes the training's); its
+    re-trace builds a small graph, not the model. ``run(splits, repeats)`` returns a
+    [repeats, groups, 3] array: per call (after one that traces) and group, its encode,
+    collective and decode seconds on this rank; ``cpu_s`` then holds each call's CPU
+    seconds of the whole process, every thread included (benchmarks/profile.py reads
+    it). Every rank must make the same calls (they run collectives). ``traces`` counts
+    the probe's traced functions.
     """
 
     def __init__(self, compression, seed=0):
@@ -359,9 +343,8 @@ class ExchangeProbe:
 
         def exchange(grads):
             reduced = reduce_fn(grads)
-            # One element of every output, fetched: an op whose outputs only
-            # feed control edges is pruned by TensorFlow's graph optimizer, so
-            # the decodes must have a consumer that the function returns.
+            # One element of every output, returned: TensorFlow's graph optimizer
+            # prunes an op whose outputs only feed control edges.
             firsts = [tf.cast(tf.reshape(g, [-1])[0], tf.float64) for g in reduced
                       if g.shape.num_elements()]
             return tf.stack(firsts + [recorder.last_stamp])

@@ -1,17 +1,6 @@
-"""What the partition search tells its user: log lines, a PNG, TensorBoard scalars.
-
-Rank 0 reports; the other ranks stay quiet. ``SearchReport`` prints the
-search's phases (``verbose=1``), writes TensorBoard scalars of the candidates
-(``log_dir``) and draws the search (``plot_search``, matplotlib): one panel
-per group count (2 to ``max_groups``), each candidate at its time (y) over the
-positions of its cuts (x, tensor index in backprop order), joined by a line;
-the model's predictions in grey (for 2 groups, the predicted time of every
-split as a curve), the confirmed candidates in colour at their measured
-median with the spread of their rounds and, where groups use different
-codecs, each group's codec over it; the sentinels (one group, layer-wise,
-plain Horovod) as horizontal lines at their measured medians, and the chosen
-partition as a star. When plain Horovod is chosen, the log says
-``STEPS_ASIDE``.
+"""What the partition search tells its user, on rank 0 only: log lines (``verbose=1``),
+TensorBoard scalars of the candidates (``log_dir``) and a PNG of the search (matplotlib;
+docs/search.md, "Saved results and pictures").
 """
 
 import logging
@@ -29,9 +18,9 @@ STEPS_ASIDE = "plain Horovod is fastest here: MergeComp steps aside"
 
 class SearchNoise(logging.Filter):
     """Keeps out of TensorFlow's log, while a search runs (``install``, ``remove``), the
-    warnings the search causes on purpose: tf.function retracing (one trace per
-    candidate) and Keras' slow ``on_train_batch_end`` (the profiled steps wait for every
-    gradient). The search's own summary says what they cost."""
+    warnings the search causes on purpose: tf.function retracing (one trace per candidate)
+    and Keras' slow ``on_train_batch_end`` (profiled steps wait for every gradient). The
+    search's own summary says what they cost."""
 
     MESSAGES = ("triggered tf.function retracing", "is slow compared to the batch time")
 
@@ -171,6 +160,9 @@ def describe(splits, codecs=None):
 
 
 def plot_search(algorithm, choice, path):
+    """One panel per group count (2 to ``max_groups``): each candidate's time (y) over its
+    cuts (x), predicted in grey, confirmed in colour with its rounds' spread and its groups'
+    codecs; the sentinels as horizontal lines, the choice as a star."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,7 +192,7 @@ def plot_search(algorithm, choice, path):
                            linewidth=2, label="confirmed %s" % (
                                short(layout, n, algorithm.codecs_of(layout)),))[0]
             codecs = algorithm.codecs_of(layout)
-            if codecs is not None:  # each group's codec, written over its middle
+            if codecs is not None:
                 bounds = (0,) + tuple(layout) + (n,)
                 for lo, hi, name in zip(bounds[:-1], bounds[1:], codecs):
                     ax.annotate(name, ((lo + hi) / 2, 1e3 * measured[layout]), fontsize=7,

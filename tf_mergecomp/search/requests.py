@@ -1,9 +1,5 @@
-"""The partition search's requests, and what a profile answers.
-
-``PartitionSearchAlgorithm`` (tf_mergecomp/search/algorithm.py) asks for one
-request at a time; tf_mergecomp/search/driver.py answers them from training
-steps, tf_mergecomp/search/run.py from plain functions.
-"""
+"""The partition search's requests, and what a profile answers (algorithm.py lists the
+answers each request expects)."""
 
 import numpy as np
 
@@ -43,8 +39,8 @@ class Probe:
 
 
 class Warm:
-    """Request: train each of ``layouts`` untimed, in turn (tracing each that
-    has not trained yet), before the first timed confirm round."""
+    """Request: train each of ``layouts`` untimed, in turn, before the first confirm
+    round, so that no timed turn traces."""
 
     kind = "warm"
 
@@ -56,8 +52,7 @@ class Warm:
 
 
 class Time:
-    """Request: one confirm round of ``splits`` (trained, and so traced, in the
-    ``Warm`` before the first round)."""
+    """Request: one timed turn of ``splits`` in a confirm round."""
 
     kind = "time"
 

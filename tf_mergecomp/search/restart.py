@@ -1,36 +1,28 @@
 """Restarting Horovod between the partition search's candidates.
 
-Why: Horovod's response cache keeps an entry for every collective name it has
-run (up to HOROVOD_CACHE_CAPACITY, 1024 by default, evicting nothing below
-it), and every background cycle (HOROVOD_CYCLE_TIME) coordinates a bit per
-entry across the ranks. A partition search runs many candidates, each with
-its own collective names (layer-wise alone: one per tensor), so without a
-restart every cycle of the chosen partition's training carries all of them.
-Measured without it: the steps after the search ran about 30% slower on
-DenseNet121, and on ResNet50 with 2 ranks of 2 cores one group's step went
-from 0.25 s before a search to 0.30-0.32 s after it, its background thread
-from 14 to 82 ms of system time per step. Restarting Horovod empties the
-cache, so the driver (``tf_mergecomp.search.driver``) restarts it at each
-switch of candidate and once the partition is fixed, where that is safe
-(``restart_blocker``); ``restart_horovod=False`` turns it off.
+A restart empties Horovod's response cache, which keeps every collective name the
+candidates ran (layer-wise alone: one per tensor) and syncs them across the ranks in every
+background cycle (docs/search.md, section 3). The driver (driver.py) restarts Horovod at
+each switch of candidate and once the partition is fixed, where ``restart_blocker``
+allows; ``restart_horovod=False`` turns it off.
 """
 
 import os
 
 from tf_mergecomp import rendezvous
 
+
 def restart_blocker(hvd=None, environ=None):
     """Why Horovod cannot be restarted safely here, or None when it can.
 
-    A restart (``hvd.shutdown(); hvd.init()``) is safe when every rank does it
-    between the same two steps with no collective pending, and the re-init
-    rebuilds everything the first init made: one Gloo-controlled world started
-    by ``horovodrun`` (MPI cannot be initialized twice), no elastic driver
-    (it owns resets), process sets that can be made again under the same ids
-    (``restart_horovod`` does: ids 1 to n, none removed), no timeline (it would
-    be truncated), no autotuning (it would start over) and a response cache to
-    empty. The answer depends on the launch and the process sets, the same on
-    every rank; ask while Horovod runs on every rank (before any restart).
+    A restart (``hvd.shutdown(); hvd.init()``) is safe when every rank does it between
+    the same two steps with no collective pending, and the re-init rebuilds everything
+    the first init made: a Gloo world started by ``horovodrun``, no elastic driver (it
+    owns resets), process sets that can be made again under the same ids (1 to n, none
+    removed), no timeline (it would be truncated), no autotuning (it would start over)
+    and a response cache to empty. The answer depends only on the launch and the process
+    sets, so it is the same on every rank; ask while Horovod runs on every rank (before
+    any restart).
     """
     if hvd is None:
         import horovod.tensorflow as hvd
@@ -98,14 +90,14 @@ def _init_with_process_sets(hvd, process_sets):
 
 
 def restart_horovod():
-    """Empties Horovod's response cache by restarting it. Every rank must call
-    this between the same two steps, and only where ``restart_blocker()``
-    answered None, asked before the first restart: a rank's shutdown stops the
-    other ranks' Horovod too, which then answer differently.
+    """Empties Horovod's response cache by restarting it. Every rank must call this
+    between the same two steps, and only where ``restart_blocker()``, asked before the
+    first restart, answered None (a rank's shutdown stops the other ranks' Horovod too,
+    which would then answer differently).
 
-    Returns None once restarted, or (the same on every rank) why Horovod was
-    left running: the launcher's rendezvous server still held addresses of
-    the world before, which the re-init could read (tf_mergecomp/rendezvous.py).
+    Returns None once restarted, or (the same on every rank) why Horovod was left
+    running: the launcher's rendezvous server still held the previous world's
+    addresses, which the re-init could read (tf_mergecomp/rendezvous.py).
     """
     import horovod.tensorflow as hvd
 

@@ -17,7 +17,7 @@ class SearchResult:
         self.group_codecs = algorithm.codecs_of(algorithm.choice)
         self.plain_horovod = algorithm.choice == PLAIN_HOROVOD
         self.algorithm = algorithm
-        self.requests = requests  # {"profile": n, "probe": n, "time": n, "traced": n}
+        self.requests = requests  # {"profile", "probe", "warm", "time", "traced": count}
 
     def __repr__(self):
         return "SearchResult(splits=%r, requests=%r)" % (self.splits, self.requests)
@@ -35,8 +35,8 @@ def run_search(sizes, profile, probe, time_candidate, **options):
     group with the compressor; ``splits`` is ``PLAIN_HOROVOD`` for plain Horovod.
 
     ``options`` are PartitionSearchAlgorithm's. Returns a SearchResult; its
-    ``requests["traced"]`` counts the layouts that trained (each a trace of
-    the train step in real training).
+    ``requests["traced"]`` counts the layouts that trained (each a trace in
+    real training).
     """
     algorithm = PartitionSearchAlgorithm(sizes, **options)
     counts = {"profile": 0, "probe": 0, "warm": 0, "time": 0, "traced": 0}

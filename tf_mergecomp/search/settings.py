@@ -8,11 +8,10 @@ import numpy as np
 from tf_mergecomp._validation import check_in_interval, check_int
 
 _ALGORITHM_OPTIONS = {"exhaustive_limit", "refinements", "resolve_rounds", "standard_errors"}
-# Where min_turn_seconds asks for more steps per turn, at most this many times
-# steps_per_candidate: on 25 ms steps, 20-step turns are what brings the
-# turn-to-turn spread down (docs/benchmarks.md, "Two speeds on two cores").
+# The most steps a turn may time where min_turn_seconds asks for longer turns, as a
+# multiple of steps_per_candidate (docs/benchmarks.md, "Two speeds on two cores").
 MAX_TURN_FACTOR = 10
-# Horovod's tensor fusion unless the job sets it (the defaults since Horovod 0.21).
+# Horovod's tensor fusion defaults, where the job does not set them.
 HOROVOD_CYCLE_S = 1e-3  # HOROVOD_CYCLE_TIME, 1 ms
 HOROVOD_FUSION_BYTES = 128 * 2**20  # HOROVOD_FUSION_THRESHOLD, 128 MiB
 

@@ -1,8 +1,8 @@
 """The step-time model: one training step's time for any partition, from measured parts.
 
-One model serves the partition search's explore phase (tf_mergecomp/search/algorithm.py)
-and anything else that predicts step times from a profile; it knows nothing
-of TensorFlow. An event-level model of one step:
+The partition search (tf_mergecomp/search/algorithm.py) and the simulator
+(benchmarks/simulate.py) predict with it; it knows nothing of TensorFlow.
+An event-level model of one step:
 
 - Backprop releases the N gradients in backprop order; ``ready[i]`` is when
   gradient i is ready, in seconds from the start of the step (forward pass
@@ -20,7 +20,7 @@ of TensorFlow. An event-level model of one step:
   remaining backprop, which it delays by its duration. False: on a stream of
   their own (the group kernels on the host CPU while a GPU runs backprop).
 - ``decodes_after_backprop``: no decode starts before backprop, and the
-  encodes it released, have ended. So TensorFlow runs a step with one
+  encodes it released, have ended, as TensorFlow runs a step with one
   inter-op thread: an op made runnable by a collective's completion (on
   Horovod's thread) waits until the executor's thread has run out of other
   runnable ops.
@@ -29,24 +29,13 @@ of TensorFlow. An event-level model of one step:
 
 Each group's encode, collective and decode seconds come from a cost function
 ``costs(lo, hi) -> (encode, collective, decode)`` over integer arrays of
-group bounds. ``LinearGroupCosts`` is a fixed cost per call plus a cost per
-element and per tensor for each part, fitted to measured groups;
-``MeasuredGroupCosts`` puts measured groups over such a fit. Any other cost
-function with that signature can be used: ``NetworkGroupCosts`` adds W
-workers' network (``NetworkCosts``: ring allreduce and allgather with their
-latency terms) to a codec's measured parts, ``FusedGroupCosts`` prices
-Horovod's fused per-tensor allreduces (``tf_mergecomp.grouping.fusion_splits``),
-``SerializedExchange`` puts any of them on the compute stream, and
-``cycle_s`` makes collectives wait for Horovod's background cycle (whose
-passes fuse the collectives they take up: ``pass_fixed_s``), and
-``steady_state`` times a step as one of many consecutive ones, which the
-cycle's ticks lock to; the simulator (benchmarks/simulate.py) builds
-on these.
+group bounds: those of tf_mergecomp/search/group_costs.py, or the simulator's
+network and Horovod costs (benchmarks/network_model.py). Horovod's background
+cycle, its passes and consecutive steps are ``StepTimeModel``'s options.
 
 Layouts are sorted split tuples as in tf_mergecomp/grouping.py: ``()`` is one
 group, ``(1, ..., N - 1)`` layer-wise. ``StepTimeModel.step_times`` evaluates
-many layouts of one group count at once with numpy; ``step_time`` one layout;
-``timeline`` the events of one layout (for plots).
+many layouts of one group count at once with numpy.
 """
 
 import itertools
@@ -95,12 +84,11 @@ class StepTimeModel:
         ones. Horovod's thread keeps ticking across steps (a tick ``cycle_s``
         after the last one began, or as soon as its collectives are done), so
         the ticks a step sees follow from where the previous step's last pass
-        left them, not from the step's start; a step then takes a whole
-        number of cycles whenever its passes fit in one (a 17 ms transformer
-        step runs at 20 ms with a 5 ms cycle). Consecutive steps are simulated
-        until the ticks fall where they did one step before; a layout whose
-        steps alternate gets their mean. False: ticks at multiples of
-        ``cycle_s`` from the step's start (a first step after idling).
+        left them, and a step whose passes fit in one cycle takes a whole
+        number of cycles. Consecutive steps are simulated until the ticks fall
+        where they did one step before; a layout whose steps alternate gets
+        their mean. False: ticks at multiples of ``cycle_s`` from the step's
+        start (a first step after idling).
     """
 
     def __init__(self, ready, costs, tail=0.0, codec_on_compute=True,
@@ -169,7 +157,7 @@ class StepTimeModel:
         encode, collective, decode = (np.broadcast_to(np.asarray(p, dtype=np.float64),
                                                       (layouts, groups))
                                       for p in self.costs(lo, hi))
-        # On a CPU host: the work a step cannot overlap, but for each pass's own.
+        # On a CPU host, the work a step cannot overlap, but each pass's own (added per pass).
         busy = None
         if (self.host_cpu is not None or self.host_cpu_per_pass) and self.codec_on_compute:
             cpu = (0.0 if self.host_cpu is None else np.broadcast_to(
@@ -195,7 +183,6 @@ class StepTimeModel:
             if settled.all():
                 return result
             phase, thread_free = next_phase, next_free
-        # Steps that never settle alternate between a few times: their mean.
         result["step"] = np.where(settled, steps[-1], np.mean(steps[-_STEADY_MEAN:], axis=0))
         return result
 
@@ -322,8 +309,7 @@ class StepTimeModel:
             cost = collective[r, ge]
             if s.cycle_s > 0:
                 # Queued before the last pass began: that pass took it up (and
-                # fused it). Else the next pass: at the next cycle, or when the
-                # thread is done with the last pass's collectives if that is later.
+                # fused it). Else the next pass (``cycle_s`` in the class docstring).
                 last_pass = s.last_pass[run_encode]
                 same_pass = taken_up <= last_pass
                 phase = s.phase[run_encode]
@@ -471,7 +457,7 @@ def _all_layouts(n, cuts, chunk):
 
 def fill_ready(ready, sizes):
     """Ready times with the gaps (gradients the profile did not see) filled
-    from their neighbours, made non-decreasing (jitter averaged, not maxed)."""
+    from their neighbours, made non-decreasing by ``monotone_fit``."""
     ready = np.asarray(ready, dtype=np.float64)
     seen = np.isfinite(ready)
     if not seen.any():

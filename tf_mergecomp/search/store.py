@@ -1,11 +1,8 @@
 """Saved partitions: the search's result as JSON, reused by a later run that matches.
 
-A file holds the model fingerprint, the world size and the compression (codec
-and memory with their parameters) it was searched for, the partition, and the
-search's predictions, measurements and cost. A run whose fingerprint, world
-size and compression match loads it and skips the search; any mismatch is
-reported and the search runs again. Rank 0 reads and writes; every rank gets
-its answer, so that all ranks take the same path.
+A file holds what it was searched for (``identity``: model fingerprint, world size,
+compression), the partition and the search's account (``record``). A run that does not
+match is told why and searches again.
 """
 
 import json
@@ -20,11 +17,8 @@ FILE_FORMAT = "tf_mergecomp.partition_search/3"
 
 
 class PartitionStore:
-    """One ``save_path``: checked, read and written on rank 0, answered to all ranks.
-
-    ``values`` is a ``communication.WorkerValues``: rank 0's answers reach the
-    other ranks through it.
-    """
+    """One ``save_path``: checked, read and written on rank 0, answered to all ranks
+    through ``values`` (a ``communication.WorkerValues``), so that all take the same path."""
 
     def __init__(self, path, values):
         self.path = os.fspath(path)
@@ -46,11 +40,9 @@ class PartitionStore:
     def load(self, identity, num_tensors):
         """(saved layout or None, why a search is needed), decided on rank 0 for all ranks.
 
-        A saved layout is {"partition": splits, "group_codecs": a codec name
-        per group or None, "plain_horovod": bool}.
-
-        ``identity`` is what the file must have been saved for (see
-        ``document``); ``num_tensors`` bounds the splits."""
+        A saved layout is {"partition": splits, "group_codecs": a codec name per group or
+        None, "plain_horovod": bool}. ``identity``: what the file must have been saved for
+        (``identity()`` makes it); ``num_tensors`` bounds the splits."""
         decision = self._read(identity, num_tensors) if communication.rank() == 0 else None
         return tuple(self._values.from_rank0(decision, "saved_partition"))
 
@@ -140,7 +132,8 @@ def identity(compression):
     description = dict(compression.describe())
     for chosen in ("splits", "group_codecs", "plain_horovod"):  # the result, not the identity
         description.pop(chosen, None)
-    # The level setting and the machines, whatever levels the chosen groups took.
+    # ``describe()`` names the levels only where the chosen groups take two; the identity
+    # names the level setting and the machines wherever groups may (``level_identity``).
     for level in ("hierarchical", "machines"):
         description.pop(level, None)
     description.update(getattr(compression, "level_identity", dict)())
