@@ -161,8 +161,21 @@ def tensor_names(grads, variables):
     return ["gradient %d" % i for i in range(len(grads))]
 
 
-def densify(grad):
-    """Embedding gradients made dense: merged groups need dense buffers (zeros are sent)."""
+def in_backprop_order(grads):
+    """The positions of the gradients that are not None, last layer first (their
+    gradients are ready first), and those gradients dense: merged groups need dense
+    buffers, so an embedding's ``tf.IndexedSlices`` sends its zeros."""
     import tensorflow as tf
 
-    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+    order = [i for i, g in enumerate(grads) if g is not None][::-1]
+    dense = [tf.convert_to_tensor(grads[i]) if isinstance(grads[i], tf.IndexedSlices)
+             else grads[i] for i in order]
+    return order, dense
+
+
+def put_back(grads, order, values):
+    """A copy of ``grads`` with ``values[j]`` at position ``order[j]``."""
+    out = list(grads)
+    for i, value in zip(order, values):
+        out[i] = value
+    return out

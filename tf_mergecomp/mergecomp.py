@@ -61,7 +61,8 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         ``machine_dtype``: "float32", or "float16"), compressed by shards across
         machines, gathered inside the machine; state per shard (hierarchical.py).
         False: flat. None (default): flat, unless the search sets a group two-level.
-      **compressor_params: passed to the compressor (e.g. ``ratio=0.01``).
+      **compressor_params: passed to the compressor, whose module lists them (e.g.
+        top-k's ``ratio=0.01``, signSGD's ``two_level_vote="machine"``).
     """
 
     def __init__(self, compressor, memory=None, partitions=None, seed=0, nonfinite="propagate",
@@ -277,10 +278,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
             present = [i for i, g in enumerate(grads) if g is not None]
             reduced = self._eager_reduce([grads[i] for i in present],
                                          tuple(names[i] for i in present))
-            out = [None] * len(grads)
-            for i, r in zip(present, reduced):
-                out[i] = r
-            return out
+            return grouping.put_back(grads, present, reduced)
 
         return allreduce_grads
 
@@ -311,29 +309,22 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
                               process_set):
         """Plain Horovod's reduction of ``grads`` plus what the memory holds unsent,
         which is then cleared: stepping aside loses no error-feedback state."""
-        present = [i for i, g in enumerate(grads) if g is not None]
-        order = present[::-1]
+        order, dense = grouping.in_backprop_order(grads)
         if not order:
             return plain_reduce(grads, variables, use_generic_names)
-        dense = [grouping.densify(grads[i]) for i in order]
         communicator = HorovodCommunicator(process_set, counter=self.collectives_executed)
         state, guards = self._begin_step(dense, communicator)
         with tf.control_dependencies(guards):
             sent, clear_sent_state = self._flush_before_plain_horovod(state, dense)
-        full = list(grads)
-        for position, i in enumerate(order):
-            full[i] = sent[position]
-        reduced = plain_reduce(full, variables, use_generic_names)
+        reduced = plain_reduce(grouping.put_back(grads, order, sent), variables,
+                               use_generic_names)
         with tf.control_dependencies(clear_sent_state()):
             return [None if r is None else tf.identity(r) for r in reduced]
 
     def _reduce(self, grads, communicator, scale_by_size, names):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        # Gradients of the last layers are ready first: reverse the list.
-        order = present[::-1]
+        order, dense = grouping.in_backprop_order(grads)
         if not order:
             return list(grads)
-        dense = [grouping.densify(grads[i]) for i in order]
         seeds.check_layout(len(order), communicator.size)
         state, guards = self._begin_step(dense, communicator)
         splits, group_codecs = self.splits, self.group_codecs
@@ -361,10 +352,7 @@ class MergeComp(StateVariables, TwoLevelGroups, tf.Module):
         if self.nonfinite == "raise":
             reduced = nonfinite_gradients.raise_if_flagged(reduced, nonfinite,
                                                        [names[i] for i in order])
-        out = [None] * len(grads)
-        for position, i in enumerate(order):
-            out[i] = reduced[position]
-        return out
+        return grouping.put_back(grads, order, reduced)
 
     def _group_seed(self, step, start, communicator):
         worker = 0 if self.compressor.shared_seed else communicator.rank + 1
