@@ -72,7 +72,7 @@ import math
 import os
 import time
 
-from tf_mergecomp.search.algorithm import mean_log_ratio
+from tf_mergecomp.search.summary import mean_log_ratio
 from tf_mergecomp.search.requests import PLAIN_HOROVOD
 from benchmarks import launcher, link_check, models, netns, network_model, report, sshd, worker
 

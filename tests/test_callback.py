@@ -247,7 +247,7 @@ def test_horovod_is_restarted_only_where_the_restart_rebuilds_everything(fake, e
 
 
 def test_confirm_turns_last_at_least_min_turn_seconds_within_a_bound():
-    from tf_mergecomp.search.driver import MAX_TURN_FACTOR, steps_per_turn
+    from tf_mergecomp.search.settings import MAX_TURN_FACTOR, steps_per_turn
 
     assert steps_per_turn(0.020, 3, 0.0) == 3  # off
     assert steps_per_turn(0.250, 3, 0.2) == 3  # 3 steps already last 0.75 s

@@ -363,3 +363,19 @@ def test_bad_parameters_raise_value_error_naming_the_choices():
         compressors.get("onebit", backend="reference")
     with pytest.raises(ValueError, match="static length"):
         compressors.get("efsignsgd").compress(tf.zeros([2, 3]), 0)
+
+
+def test_each_codec_states_its_collective_and_default_memory():
+    # What the module docstrings document; several codecs inherit them from Compressor.
+    expected = {
+        "none": ("allreduce", "none"), "fp16": ("allreduce", "none"),
+        "qsgd": ("allgather", "none"), "terngrad": ("allgather", "none"),
+        "onebit": ("allgather", "residual"), "signsgd": ("allgather", "none"),
+        "signum": ("allgather", "momentum"), "efsignsgd": ("allgather", "residual"),
+        "topk": ("allgather", "residual"), "dgc": ("allgather", "dgc"),
+        "randomk": ("allreduce", "residual"), "powersgd": ("allreduce", "residual"),
+    }
+    assert set(expected) == set(compressors.NAMES)
+    for name, (collective, default_memory) in expected.items():
+        codec = compressors.get(name)
+        assert (codec.collective, codec.default_memory) == (collective, default_memory), name

@@ -11,7 +11,7 @@ import tensorflow as tf
 from tests import codec_backends
 from tests._fake_comm import FakeWorld
 from tf_mergecomp import compressors, memory
-from tf_mergecomp.compressors import counter_random, sparse_payload
+from tf_mergecomp.compressors import sparse_payload
 
 SIZES = (0, 1, 7, 8, 9, 1000, 1001)
 SPARSE = ("topk", "dgc", "randomk")
@@ -318,6 +318,14 @@ def test_bad_parameters(name, params, message):
         compressors.get(name, **params)
 
 
+def test_parameters_with_an_instance_are_refused():
+    codec = compressors.get("topk")
+    assert compressors.get(codec) is codec
+    with pytest.raises(ValueError, match=r"parameters \['ratio'\] given with a compressor "
+                                         r"instance; give the registry name with them"):
+        compressors.get(codec, ratio=0.5)
+
+
 def test_dgcs_momentum_reaches_its_memory():
     dgc = compressors.get("dgc", momentum=0.5)
     assert memory.get(dgc.default_memory, **dgc.default_memory_params()).momentum == 0.5
@@ -327,5 +335,5 @@ def test_non_static_length_is_refused():
     codec = compressors.get("topk")
     fn = tf.function(lambda x: codec.compress(x, 0)[0],
                      input_signature=[tf.TensorSpec([None], tf.float32)])
-    with pytest.raises(ValueError, match="static length"):
+    with pytest.raises(ValueError, match="topk needs a 1-D buffer of static length"):
         fn.get_concrete_function()

@@ -429,6 +429,17 @@ def test_two_by_two_with_process_sets_registered_at_init():
 
 
 @pytest.mark.multiworker
+def test_machines_of_unequal_rank_counts_stay_flat_by_default():
+    from tests import horovodrun
+
+    results, _ = horovodrun.run("engine_hierarchical.py", np=3, args=["uneven"],
+                                hosts="localhost:2,127.0.0.1:1", env=DYNAMIC, timeout=240)
+    for rank in range(3):
+        assert results[rank] == [{"codec": "uneven", "two_level": False, "choices": [],
+                                  "identical": True}], results[rank]
+
+
+@pytest.mark.multiworker
 @pytest.mark.parametrize("hosts", ["localhost:1,127.0.0.1:1", "localhost:2"],
                          ids=["one_rank_per_machine", "one_machine"])
 def test_hierarchical_is_flat_bit_for_bit_without_two_levels(hosts):

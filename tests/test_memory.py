@@ -108,3 +108,11 @@ def test_unknown_parameter_names_the_valid_ones():
         memory.get("residual", momentum=0.9)
     with pytest.raises(ValueError, match="valid parameters: momentum"):
         memory.get("dgc", beta=0.9)
+
+
+def test_parameters_with_an_instance_are_refused():
+    mem = memory.get("dgc", momentum=0.5)
+    assert memory.get(mem) is mem
+    with pytest.raises(ValueError, match=r"parameters \['momentum'\] given with a memory "
+                                         r"instance; give the registry name with them"):
+        memory.get(mem, momentum=0.9)

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tests import codec_backends
 from tests._fake_comm import FakeWorld
-from tests.test_group_ops import DTYPES, PARAMS, SHAPES, engine, make_grads, run_group
+from tests.test_group_ops import SHAPES, engine, make_grads, run_group
 from tf_mergecomp import MergeComp, compressors
 
 POISONED = {0: (1, float("nan")), 1: (4, float("inf"))}  # rank: (tensor, value)

@@ -327,3 +327,15 @@ def test_state_goes_with_the_gradients_when_the_library_has_gpu_kernels(monkeypa
     for name in ("powersgd", "efsignsgd"):
         where = MergeComp(name)._state_device([Placed()])
         assert where == (Placed.device if cuda else "/device:CPU:0"), name
+
+
+def test_flat_reduce_takes_the_base_signature_and_points_to_reduce_group():
+    import inspect
+
+    from tf_mergecomp.compressors import Compressor
+
+    codec = compressors.get("powersgd")
+    assert (inspect.signature(type(codec).reduce).parameters
+            == inspect.signature(Compressor.reduce).parameters)
+    with pytest.raises(NotImplementedError, match="call reduce_group"):
+        codec.reduce(tf.zeros([4]), 0, None, (0, 4), sizes=[4], nonfinite=tf.zeros([1], tf.bool))

@@ -418,3 +418,78 @@ def test_profiled_ops_are_found_under_the_callers_node_name():
     assert found["gradient_tape/dense/BiasAddGrad"] == [(5, 6)]
     assert "never/ran" not in found and "MatMul_1" not in found
     assert _by_traced_name(ops, {"other/MatMul_1"}) is ops  # every name found as it is
+
+
+class _LayoutsDriver:
+    def apply_layout(self, layout):
+        pass
+
+
+def test_tracings_count_the_functions_of_every_layout_tried():
+    import tensorflow as tf
+
+    from tf_mergecomp.search.layout_functions import LayoutFunctions
+
+    functions = LayoutFunctions(_LayoutsDriver())
+    step = functions.register(lambda x: x + 1.0, {})
+    for layout in [(), (1,), (1, 2)]:
+        assert functions.use(layout)
+        step(tf.constant(1.0))
+    functions.keep_only((1,))  # as the search does once it chose
+    assert functions.tracings() == 3
+    assert functions.use((1,), fresh=True)
+    step(tf.constant(1.0))
+    assert functions.tracings() == 4
+
+
+def test_keras_tracings_count_the_train_functions_of_every_layout_tried():
+    import tensorflow as tf
+
+    from tf_mergecomp.search.fit import KerasTrainFunctions
+
+    class Model:
+        def make_train_function(self, force=False):
+            self.train_function = tf.function(lambda x: x * 2.0)
+
+    model = Model()
+    functions = KerasTrainFunctions(model, _LayoutsDriver())
+    for layout in [(), (1,), (1, 2)]:
+        assert functions.use(layout)
+        model.train_function(tf.constant(1.0))
+    functions.keep_only((1,))
+    assert functions.tracings() == 3
+    assert functions.use((1,), fresh=True)
+    model.train_function(tf.constant(1.0))
+    assert functions.tracings() == 4
+
+
+def test_history_records_no_prediction_for_plain_horovod_and_codecs_by_precedence():
+    from tf_mergecomp import MergeComp
+    from tf_mergecomp.search.driver import PartitionSearchDriver
+    from tf_mergecomp.search.requests import PLAIN_HOROVOD
+
+    class Predictions(dict):
+        def get(self, key, default=None):
+            self.asked.append(key)
+            return super().get(key, default)
+
+    class Algorithm:
+        predictions = Predictions({(2,): 0.5})
+        predictions.asked = []
+
+        def codecs_of(self, layout):
+            return ("fp16", "none") if layout == (2,) else None
+
+    mc = MergeComp("fp16", plain_groups=True)
+    mc.set_gradient_layout([[5, 3], [7], [2]], ["float32"] * 3)
+    driver = PartitionSearchDriver(mc, verbose=0)
+    driver.layout_codecs = {(1,): ("none", "fp16"), (2,): ("none", "none")}
+    assert driver.codecs_of((1,)) == ("none", "fp16")  # no search: the saved codecs
+    driver.algorithm = Algorithm()
+    assert driver.codecs_of((2,)) == ("fp16", "none")  # the search's first
+    assert driver.codecs_of((1,)) == ("none", "fp16")
+    assert driver.codecs_of(()) is None
+    plain = driver._history_record(PLAIN_HOROVOD)
+    assert plain["predicted_s"] is None and plain["splits"] is None
+    assert driver._history_record((2,))["predicted_s"] == 0.5
+    assert Algorithm.predictions.asked == [(2,)]  # never plain Horovod as a layout

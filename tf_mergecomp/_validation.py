@@ -4,6 +4,7 @@ Numbers may be Python or numpy scalars (``np.float32(0.1)``, ``np.int64(8)``);
 booleans are refused where a number is expected.
 """
 
+import inspect
 import numbers
 
 import numpy as np
@@ -37,3 +38,26 @@ def check_int(name, value, minimum):
     if _is_bool(value) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError("%s must be an integer >= %d, got %r" % (name, minimum, value))
     return int(value)
+
+
+def from_registry(kind, choice, params, base, lookup):
+    """What the registries' ``get()`` return: ``choice`` itself when it is an
+    instance of ``base`` (then ``params`` must be empty: it is built already),
+    else ``lookup(choice)(**params)``, where ``lookup`` maps a registry name to
+    its class. Parameters the constructor does not take raise ValueError
+    naming the valid ones; ``kind`` ("compressor", "memory") names the registry."""
+    if isinstance(choice, base):
+        if params:
+            raise ValueError(
+                "parameters %s given with a %s instance; give the registry name with "
+                "them, or the instance %r alone" % (sorted(params), kind, choice))
+        return choice
+    cls = lookup(choice)
+    accepted = [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(
+            "%s %r got unknown parameter(s) %s; valid parameters: %s"
+            % (kind, choice, ", ".join(unknown), ", ".join(accepted) or "none"))
+    return cls(**params)

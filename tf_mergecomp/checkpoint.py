@@ -21,23 +21,21 @@ Custom loops with ``tf.train.Checkpoint`` (or a ``CheckpointManager``)::
 
 import tensorflow as tf
 
-from tf_mergecomp import rank_state
 from tf_mergecomp.keras2 import keras
-from tf_mergecomp.mergecomp import find_mergecomp
+from tf_mergecomp.mergecomp import mergecomp_of
 from tf_mergecomp.rank_state import rank_state_path
 
 __all__ = ["MergeCompModelCheckpoint", "load_model", "rank_state_path", "restore",
            "restore_rank_state", "save", "save_rank_state"]
 
 
+_COMPILED_WITH = ("a Keras optimizer or model compiled with "
+                  "hvd.DistributedOptimizer(..., compression=MergeComp(...))")
+
+
 def _mergecomp_of(owner):
     """The MergeComp of a MergeComp, a Keras optimizer or a compiled Keras model."""
-    found = find_mergecomp(owner)
-    if found is not None:
-        return found
-    raise TypeError(
-        "expected a MergeComp, or a Keras optimizer or model compiled with "
-        "hvd.DistributedOptimizer(..., compression=MergeComp(...)); got %r" % (owner,))
+    return mergecomp_of(owner, _COMPILED_WITH)
 
 
 def save_rank_state(compression, path):
@@ -46,9 +44,7 @@ def save_rank_state(compression, path):
     ``compression``: a MergeComp, or the Keras optimizer or model using it.
     Returns the file written (``<path>.mergecomp-rank<r>-of-<W>``).
     """
-    mergecomp = _mergecomp_of(compression)
-    process_set = mergecomp.rank_state.process_set_or_global()
-    return mergecomp.rank_state.write(path, process_set.rank(), process_set.size())
+    return _mergecomp_of(compression).rank_state.save_beside(path)
 
 
 def restore_rank_state(compression, path):
@@ -61,14 +57,7 @@ def restore_rank_state(compression, path):
     restored into the state variables); after it, right away, in a collective of
     all ranks. Returns the file found, or None.
     """
-    mergecomp = _mergecomp_of(compression)
-    process_set = mergecomp.rank_state.process_set_or_global()
-    rank, world_size = process_set.rank(), process_set.size()
-    saved = rank_state.read(path, rank, world_size)
-    mergecomp.rank_state.set_restored_file(saved, rank_state_path(path, rank, world_size), path)
-    if mergecomp.num_tensors is not None:  # already traced: no first trace to decide at
-        mergecomp.rank_state.reconcile(process_set)
-    return None if saved is None else saved.path
+    return _mergecomp_of(compression).rank_state.restore_from(path)
 
 
 def save(checkpoint, compression, file_prefix=None, root_rank=0):

@@ -34,6 +34,7 @@ the set of the ranks with this local rank: registered at ``hvd.init`` by
 
 import math
 import os
+import re
 
 import tensorflow as tf
 
@@ -41,6 +42,15 @@ from tf_mergecomp import plain_groups
 
 CHOICES = (True, False, None)
 MACHINE_DTYPES = ("float32", "float16")
+# What asks for the two-level reduce, as its errors name it: hierarchical=True (every
+# group), or with hierarchical=None a group codec on two levels (chosen by the search, or
+# given to set_partition).
+_TWO_LEVEL_REDUCE = ("a two-level reduce (hierarchical=True, or group codecs such as "
+                     "\"efsignsgd/two-level\" with hierarchical=None)")
+# Horovod 0.28.1 reads HOROVOD_DYNAMIC_PROCESS_SETS as C's strtol(value, NULL, 10) != 0:
+# on for a nonzero integer, leading blanks and trailing text ignored ("1", " 2", "1x");
+# off when unset or for anything else ("", "0", "true", "false").
+_LEADING_INTEGER = re.compile(r"[ \t\n\v\f\r]*[+-]?([0-9]+)")
 
 
 def check_choice(hierarchical):
@@ -67,11 +77,14 @@ def check_machine_dtype(machine_dtype, hierarchical):
 class MachineLayout:
     """How the ranks sit on machines: ``ranks_per_machine`` (L) times ``machines`` (M)."""
 
-    def __init__(self, rank, size, ranks_per_machine, machines):
+    def __init__(self, rank, size, ranks_per_machine, machines, homogeneous=True):
         self.rank = rank
         self.size = size
         self.ranks_per_machine = ranks_per_machine
         self.machines = machines
+        # Horovod's own answer, the same on every rank: whether every machine has as many
+        # ranks. Where it does not, each rank sees other L and M (local and cross sizes).
+        self.homogeneous = homogeneous
         self.local_rank = rank % ranks_per_machine
         self.machine = rank // ranks_per_machine
 
@@ -79,7 +92,8 @@ class MachineLayout:
     def from_horovod(cls):
         import horovod.tensorflow as hvd
 
-        return cls(hvd.rank(), hvd.size(), hvd.local_size(), hvd.cross_size())
+        return cls(hvd.rank(), hvd.size(), hvd.local_size(), hvd.cross_size(),
+                   hvd.is_homogeneous())
 
     def describe(self):
         return [self.ranks_per_machine, self.machines]
@@ -96,15 +110,16 @@ class MachineLayout:
 
         if self.ranks_per_machine * self.machines != self.size:
             raise ValueError(
-                "hierarchical=True needs machines with equal numbers of ranks: %d ranks are "
-                "not %d machines of %d (give every host the same slots, e.g. horovodrun "
-                "-H host1:4,host2:4), or use hierarchical=False"
-                % (self.size, self.machines, self.ranks_per_machine))
+                "%s needs machines with equal numbers of ranks: %d ranks are not %d machines "
+                "of %d (give every host the same slots, e.g. horovodrun -H host1:4,host2:4), "
+                "or use hierarchical=False"
+                % (_TWO_LEVEL_REDUCE, self.size, self.machines, self.ranks_per_machine))
         if (hvd.local_rank(), hvd.cross_rank()) != (self.local_rank, self.machine):
             raise ValueError(
-                "hierarchical=True needs the ranks of one machine to be contiguous: rank %d is "
-                "local rank %d on machine %d, expected local rank %d on machine %d"
-                % (self.rank, hvd.local_rank(), hvd.cross_rank(), self.local_rank, self.machine))
+                "%s needs the ranks of one machine to be contiguous: rank %d is local rank %d "
+                "on machine %d, expected local rank %d on machine %d"
+                % (_TWO_LEVEL_REDUCE, self.rank, hvd.local_rank(), hvd.cross_rank(),
+                   self.local_rank, self.machine))
 
     def machine_ranks(self, machine):
         return list(range(machine * self.ranks_per_machine,
@@ -135,27 +150,36 @@ def machine_process_sets(ranks_per_machine=None, size=None):
     return [hvd.ProcessSet(ranks) for ranks in layout.all_process_set_ranks()]
 
 
+def listed_process_sets():
+    """{id: sorted ranks} of the process sets Horovod has registered besides the global one
+    (id 0), or None where Horovod does not list them (Horovod 0.28.1 lists them only
+    through its internal ``_basics``, and not once it is shut down)."""
+    try:
+        from horovod.common import process_sets
+
+        listed = process_sets._basics._get_process_set_ids_and_ranks()
+    except Exception:  # noqa: BLE001 (any failure means: not listed)
+        return None
+    return {int(i): sorted(int(r) for r in ranks) for i, ranks in listed.items() if int(i) != 0}
+
+
 def _registered_process_sets():
-    """{tuple of ranks: process set id} of the sets Horovod has registered (Horovod 0.28.1
-    lists them only through its internal ``_basics``; {} where that is missing: the sets
-    are then added, which needs dynamic process sets)."""
-    from horovod.common import process_sets
-
-    listing = getattr(getattr(process_sets, "_basics", None), "_get_process_set_ids_and_ranks",
-                      None)
-    if listing is None:
-        return {}
-    return {tuple(ranks): set_id for set_id, ranks in listing().items()}
+    """{tuple of ranks: process set id} of the sets Horovod has registered ({} where it
+    does not list them: the sets are then added, which needs dynamic process sets)."""
+    return {tuple(ranks): set_id for set_id, ranks in (listed_process_sets() or {}).items()}
 
 
-def _dynamic_process_sets():
-    return os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "").lower() not in ("", "0", "false")
+def dynamic_process_sets():
+    """Whether process sets may be added after ``hvd.init``: HOROVOD_DYNAMIC_PROCESS_SETS
+    read as Horovod reads it (``_LEADING_INTEGER``), so that "true" is off here as there."""
+    match = _LEADING_INTEGER.match(os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", ""))
+    return match is not None and int(match.group(1)) != 0
 
 
 def process_sets_available(layout):
     """Whether ``process_sets_for`` can give the sets (no collective)."""
     registered = _registered_process_sets()
-    return _dynamic_process_sets() or all(
+    return dynamic_process_sets() or all(
         tuple(ranks) in registered for ranks in layout.all_process_set_ranks())
 
 
@@ -168,13 +192,13 @@ def process_sets_for(layout):
     registered = _registered_process_sets()
     wanted = layout.all_process_set_ranks()
     missing = [ranks for ranks in wanted if tuple(ranks) not in registered]
-    if missing and not _dynamic_process_sets():
+    if missing and not dynamic_process_sets():
         raise ValueError(
-            "a two-level reduce (hierarchical=True) needs Horovod process sets for the "
-            "machines and across them: "
+            "%s needs Horovod process sets for the machines and across them: "
             "run with HOROVOD_DYNAMIC_PROCESS_SETS=1 (or hvd.init(process_sets=\"dynamic\")) "
             "and MergeComp adds them, or register them at start: "
-            "hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets())")
+            "hvd.init(process_sets=tf_mergecomp.hierarchical.machine_process_sets())"
+            % _TWO_LEVEL_REDUCE)
     sets = {}
     for ranks in wanted:
         if tuple(ranks) in registered:

@@ -71,7 +71,11 @@ def _is_mergecomp(compression):
     return isinstance(compression, MergeComp)
 
 
-def _check_arguments(compression, sparse_as_dense, gradient_predivide_factor, groups):
+def _check_arguments(gradient_predivide_factor, groups):
+    """Refuses the Horovod arguments MergeComp cannot honour. ``sparse_as_dense`` needs no
+    check: MergeComp always densifies IndexedSlices (see mergecomp.py).
+    ``gradient_predivide_factor`` only moves where Horovod divides by the world size inside
+    one allreduce; MergeComp's average is the same for any factor > 0."""
     if groups is not None:
         raise ValueError(
             "MergeComp does its own grouping; do not pass Horovod's groups= "
@@ -79,10 +83,6 @@ def _check_arguments(compression, sparse_as_dense, gradient_predivide_factor, gr
         )
     if gradient_predivide_factor <= 0:
         raise ValueError("gradient_predivide_factor must be > 0, got %r" % gradient_predivide_factor)
-    # sparse_as_dense: MergeComp always densifies IndexedSlices (see mergecomp.py).
-    # gradient_predivide_factor only moves where Horovod divides by the world
-    # size inside one allreduce; MergeComp's average is the same for any factor.
-    del compression, sparse_as_dense
 
 
 def _plain_horovod_reduce_fn(original, arguments):
@@ -115,8 +115,7 @@ def install():
         if not _is_mergecomp(compression):
             return original(*args, **kwargs)
         get = arguments.arguments.get
-        _check_arguments(compression, get("sparse_as_dense", False),
-                         get("gradient_predivide_factor", 1.0), get("groups"))
+        _check_arguments(get("gradient_predivide_factor", 1.0), get("groups"))
         return compression.make_reduce_fn(
             op=get("op"), process_set=get("process_set"), device_dense=get("device_dense", ""),
             plain_horovod=functools.partial(_plain_horovod_reduce_fn, original, arguments))

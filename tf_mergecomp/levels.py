@@ -132,7 +132,9 @@ class TwoLevelGroups:
         state_shards, piece_shards = 1, 1
         if layout.two_level and self.hierarchical and not self._votes_on_whole_state:
             state_shards = layout.ranks_per_machine
-        elif layout.two_level and hierarchical.process_sets_available(layout):
+        elif (layout.two_level and layout.homogeneous
+              and hierarchical.process_sets_available(layout)):
+            # Machines of unequal rank counts stay flat (every rank decides alike).
             piece_shards = layout.ranks_per_machine
         if (state_shards, piece_shards) != (self._state_shards, self._piece_shards):
             self._state_shards, self._piece_shards = state_shards, piece_shards

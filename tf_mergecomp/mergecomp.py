@@ -452,3 +452,12 @@ def find_mergecomp(owner):
         owner = getattr(owner, "inner_optimizer", None) or getattr(owner, "optimizer", None)
         seen += 1
     return None
+
+
+def mergecomp_of(owner, compiled_with):
+    """``find_mergecomp(owner)``, or TypeError naming what carries one (``compiled_with``:
+    the optimizers and models of the caller's Keras)."""
+    found = find_mergecomp(owner)
+    if found is None:
+        raise TypeError("expected a MergeComp, or %s; got %r" % (compiled_with, owner))
+    return found

@@ -7,6 +7,7 @@ library"). A library for another version would fail with an obscure undefined-sy
 """
 
 import glob
+import importlib.machinery
 import json
 import os
 import re
@@ -43,6 +44,11 @@ def library_path():
             "tf_mergecomp's op library for TensorFlow %s (%s*.so) was not found in %s (found: %s). %s"
             % (tf.__version__, stem, _PACKAGE_DIR, ", ".join(found) or "none", _REBUILD_HINT)
         )
+    # Builds for several Pythons may sit side by side: this interpreter's is preferred.
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        own = os.path.join(_PACKAGE_DIR, stem + suffix)
+        if own in candidates:
+            return own
     return candidates[0]
 
 

@@ -86,6 +86,23 @@ class RankState:
 
         return self.process_set or hvd.global_process_set
 
+    def save_beside(self, path):
+        """Writes this rank's state beside checkpoint ``path``; returns the file written."""
+        process_set = self.process_set_or_global()
+        return self.write(path, process_set.rank(), process_set.size())
+
+    def restore_from(self, path):
+        """Finds this rank's state beside checkpoint ``path``; returns the file found, or
+        None. Before the first step the ranks decide at it; once the MergeComp has traced,
+        right away, in a collective of all ranks."""
+        process_set = self.process_set_or_global()
+        rank, world_size = process_set.rank(), process_set.size()
+        saved = read(path, rank, world_size)
+        self.set_restored_file(saved, rank_state_path(path, rank, world_size), path)
+        if self.mergecomp.num_tensors is not None:
+            self.reconcile(process_set)
+        return None if saved is None else saved.path
+
     def write(self, path, rank, world_size):
         """Writes this rank's state to ``rank_state_path(path, rank, world_size)``;
         returns that path."""

@@ -9,6 +9,7 @@ weights, state sizes, a rank-state checkpoint round trip of the sharded state, t
 group turned plain and MergeComp stepping aside (the sharded state flushed).
 ``two_by_three`` (horovodrun -H a:3,b:3): signSGD's and SIGNUM's votes, counted per machine.
 ``registered``: one exact reduce with the process sets given to ``hvd.init``.
+``uneven`` (horovodrun -H a:2,b:1): the default stays flat.
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
 machine, or one machine: both must be the flat reduce, bit for bit), then rank 0 asking
 for two levels and the others not (refused on every rank).
@@ -318,8 +319,21 @@ def run_registered():
            max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)))
 
 
+def run_uneven():
+    """Machines of 2 ranks and 1 (horovodrun -H a:2,b:1), dynamic process sets on: the
+    default hierarchical=None stays flat, with no two-level choices for a search, bit for
+    bit hierarchical=False."""
+    default, flat = MergeComp("efsignsgd"), MergeComp("efsignsgd", hierarchical=False)
+    out, expected = reduce_once(default), reduce_once(flat)
+    report(codec="uneven", two_level=default.two_level,
+           choices=list(default.two_level_codec_choices),
+           identical=all(np.array_equal(o, e) for o, e in zip(out, expected)))
+
+
 if mode == "registered":
     run_registered()
+elif mode == "uneven":
+    run_uneven()
 elif mode == "two_by_three":
     run_votes()
 elif mode == "two_by_two":

@@ -5,8 +5,8 @@
 """
 
 import importlib
-import inspect
 
+from tf_mergecomp._validation import from_registry
 from tf_mergecomp.compressors.base import ALLGATHER, ALLREDUCE, TENSOR_SEED_SHIFT, Compressor
 
 # name -> (module, class); modules are imported on first use.
@@ -39,20 +39,9 @@ def compressor_class(name):
 
 
 def get(name, **params):
-    """Returns a new compressor; bad parameters raise ValueError naming the valid ones."""
-    if isinstance(name, Compressor):
-        if params:
-            raise ValueError("parameters %s given with a compressor instance" % sorted(params))
-        return name
-    cls = compressor_class(name)
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(
-            "compressor %r got unknown parameter(s) %s; valid parameters: %s"
-            % (name, ", ".join(unknown), ", ".join(accepted) or "none")
-        )
-    return cls(**params)
+    """Returns a new compressor, or ``name`` itself when it is one; bad parameters
+    raise ValueError naming the valid ones."""
+    return from_registry("compressor", name, params, Compressor, compressor_class)
 
 
 __all__ = ["ALLGATHER", "ALLREDUCE", "TENSOR_SEED_SHIFT", "Compressor", "NAMES", "compressor_class", "get"]

@@ -13,7 +13,7 @@ the same bytes):
 
 import tensorflow as tf
 
-from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32
+from tf_mergecomp.compressors.base import Compressor, as_float32, static_length
 
 _BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -79,14 +79,6 @@ def majority_vote(plus, world_size):
     return tf.where(total >= 0.0, 1.0, -1.0)
 
 
-def static_length(flat, codec_name):
-    if flat.shape.rank != 1 or flat.shape[0] is None:
-        raise ValueError(
-            "%s needs a 1-D buffer of static length, got shape %s" % (codec_name, flat.shape)
-        )
-    return int(flat.shape[0])
-
-
 class DenseAllgatherCodec(Compressor):
     """Base of the allgather codecs whose payload is one uint8 row per worker.
 
@@ -97,8 +89,6 @@ class DenseAllgatherCodec(Compressor):
     combined float32[n]; the op backend runs their group codec on a group of
     one tensor (``Compressor.op_encode``/``op_decode``).
     """
-
-    collective = ALLGATHER
 
     def compress(self, flat, seed):
         n = static_length(flat, self.name)

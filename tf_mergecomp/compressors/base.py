@@ -22,7 +22,7 @@ and implements ``reduce_group()``.
 import tensorflow as tf
 
 from tf_mergecomp import ops
-from tf_mergecomp._validation import check_in_interval, check_positive_int  # noqa: F401 (re-exported)
+from tf_mergecomp._validation import check_in_interval
 
 # Tensor i of a group draws its random numbers with the group's seed plus
 # (i << TENSOR_SEED_SHIFT) (kTensorSeedShift in custom_ops/cc/kernels/group_op.h).
@@ -199,6 +199,15 @@ class Compressor:
     def __repr__(self):
         args = ", ".join("%s=%r" % kv for kv in sorted(self.params.items()))
         return "%s(%s)" % (type(self).__name__, args)
+
+
+def static_length(flat, codec_name):
+    """The length of a 1-D buffer of static shape; else ValueError naming the codec."""
+    if flat.shape.rank != 1 or flat.shape[0] is None:
+        raise ValueError(
+            "%s needs a 1-D buffer of static length, got shape %s" % (codec_name, flat.shape)
+        )
+    return int(flat.shape[0])
 
 
 def as_float32(flat):

@@ -39,7 +39,7 @@ import math
 import tensorflow as tf
 
 from tf_mergecomp.compressors import counter_random, sparse_payload
-from tf_mergecomp.compressors.base import check_in_interval, check_ratio
+from tf_mergecomp.compressors.base import check_in_interval, static_length
 from tf_mergecomp.compressors.topk import TopKCompressor
 
 MIN_SAMPLE = 1024
@@ -78,9 +78,12 @@ class DGCCompressor(TopKCompressor):
         Returns (threshold, candidates at the sampled threshold, candidates
         after refinement), the quantities the op computes internally.
         """
-        n = sparse_payload.static_length(values)
+        return self._reference_threshold(sparse_payload.magnitude(values), seed)
+
+    def _reference_threshold(self, magnitudes, seed):
+        """``reference_threshold`` from the buffer's ranking keys, ``magnitude(values)``."""
+        n = static_length(magnitudes, self.name)
         k, sample_size = self.k(n), self.sample_size(n)
-        magnitudes = sparse_payload.magnitude(values)
         bits = tf.cast(counter_random.random_bits(tf.cast(seed, tf.int64), sample_size), tf.int64)
         positions = tf.bitwise.right_shift(bits * n, tf.constant(32, tf.int64))
         sample = tf.gather(magnitudes, positions)
@@ -98,7 +101,7 @@ class DGCCompressor(TopKCompressor):
 
     def _reference_encode(self, values, seed, n, k):
         magnitudes = sparse_payload.magnitude(values)
-        threshold, _, _ = self.reference_threshold(values, seed)
+        threshold, _, _ = self._reference_threshold(magnitudes, seed)
         keys = tf.where(magnitudes >= threshold, magnitudes, -1.0)
         chosen = tf.math.top_k(keys, k, sorted=False).indices
         valid = tf.gather(keys, chosen) >= 0.0

@@ -25,7 +25,6 @@ class FP16Compressor(Compressor):
     collective = ALLREDUCE
     group_codec = "fp16"
     payload_dtype = tf.float16
-    default_memory = "none"
 
     def compress(self, flat, seed):
         values = as_float32(flat)

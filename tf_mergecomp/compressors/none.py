@@ -23,7 +23,6 @@ class NoneCompressor(Compressor):
     collective = ALLREDUCE
     group_codec = "none"
     payload_dtype = tf.float32
-    default_memory = "none"
 
     def compress(self, flat, seed):
         return tf.identity(as_float32(flat)), flat.dtype

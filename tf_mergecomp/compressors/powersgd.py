@@ -55,9 +55,9 @@ import zlib
 import tensorflow as tf
 
 from tf_mergecomp.ops import load
+from tf_mergecomp._validation import check_positive_int
 from tf_mergecomp.compressors import counter_random
-from tf_mergecomp.compressors.base import (ALLREDUCE, Compressor, as_float32,
-                                           check_positive_int)
+from tf_mergecomp.compressors.base import ALLREDUCE, Compressor, as_float32
 
 MIN_NORM = 1e-30  # kPowersgdMinNorm in custom_ops/cc/kernels/powersgd_op.h
 # Memories the fused ops implement (state [e_i, Q_i] or [Q_i]).
@@ -175,7 +175,7 @@ class PowerSGDCompressor(Compressor):
     def combine(self, collected, ctx, world_size):
         raise self._flat_path_error()
 
-    def reduce(self, flat, seed, communicator, group, sizes=None):
+    def reduce(self, flat, seed, communicator, group, sizes=None, nonfinite=None):
         raise self._flat_path_error()
 
     def reduce_group(self, grads, state_vars, memory, seed, communicator, key):

@@ -43,7 +43,7 @@ from tf_mergecomp.compressors._sign import (
     read_floats,
     unpack_codes,
 )
-from tf_mergecomp.compressors.base import check_positive_int
+from tf_mergecomp._validation import check_positive_int
 
 MAX_LEVELS = 2 ** 24  # levels are exact in float32 up to here
 
@@ -56,7 +56,6 @@ def code_bits(levels):
 class QSGDCompressor(DenseAllgatherCodec):
     name = "qsgd"
     group_codec = "qsgd"
-    default_memory = "none"
 
     def __init__(self, levels=64):
         levels = check_positive_int("qsgd levels", levels)

@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from tf_mergecomp.compressors import counter_random, sparse_payload
 from tf_mergecomp.compressors.base import (ALLREDUCE, TENSOR_SEED_SHIFT, Compressor, as_float32,
-                                           check_ratio)
+                                           check_ratio, static_length)
 
 
 class RandomKCompressor(Compressor):
@@ -94,7 +94,7 @@ class RandomKCompressor(Compressor):
         return self.compress_group(flat, seed, None)
 
     def compress_group(self, flat, seed, sizes):
-        n = sparse_payload.static_length(flat)
+        n = static_length(flat, self.name)
         sizes = [n] if sizes is None else list(sizes)
         seed = tf.cast(seed, tf.int64)
         positions, offset = [], 0

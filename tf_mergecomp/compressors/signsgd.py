@@ -44,7 +44,6 @@ from tf_mergecomp.compressors._sign import (
 class SignSGDCompressor(DenseAllgatherCodec):
     name = "signsgd"
     group_codec = "signsgd"
-    default_memory = "none"
     TWO_LEVEL_VOTES = ("rank", "machine")
 
     def __init__(self, two_level_vote="rank"):

@@ -24,13 +24,6 @@ def sparse_k(n, ratio):
     return min(n, max(1, int(math.ceil(round(ratio * n, 9)))))
 
 
-def static_length(flat):
-    if flat.shape.rank != 1 or flat.shape[0] is None:
-        raise ValueError("the sparse codecs need a 1-D buffer of static length, got shape %s"
-                         % (flat.shape,))
-    return int(flat.shape[0])
-
-
 def magnitude(values):
     """|values| with NaN as +inf (the ops' ranking key), so a NaN is sent, not dropped."""
     return tf.where(tf.math.is_nan(values), tf.constant(float("inf"), values.dtype), tf.abs(values))

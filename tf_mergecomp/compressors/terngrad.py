@@ -40,7 +40,6 @@ from tf_mergecomp.compressors._sign import (
 class TernGradCompressor(DenseAllgatherCodec):
     name = "terngrad"
     group_codec = "terngrad"
-    default_memory = "none"
 
     def payload_nbytes(self, n):
         return 4 + (n + 3) // 4

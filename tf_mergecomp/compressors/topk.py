@@ -26,12 +26,11 @@ tf.math.top_k and tensor_scatter_nd_add; both give identical bytes.
 import tensorflow as tf
 
 from tf_mergecomp.compressors import sparse_payload
-from tf_mergecomp.compressors.base import ALLGATHER, Compressor, as_float32, check_ratio
+from tf_mergecomp.compressors.base import Compressor, as_float32, check_ratio, static_length
 
 
 class TopKCompressor(Compressor):
     name = "topk"
-    collective = ALLGATHER
     group_codec = "topk"
     default_memory = "residual"
 
@@ -54,14 +53,14 @@ class TopKCompressor(Compressor):
 
     def _encode(self, values, seed, n, k):
         """float32[n] -> the 8k-byte payload (subclasses choose the k entries differently)."""
-        del n  # exact top-k draws nothing
+        del n  # for dgc's override; the exact top-k needs only the values and k
         if self.backend == "op":
             return self.op_encode(values, seed)[0]
         indices = sparse_payload.reference_select_largest(sparse_payload.magnitude(values), k)
         return sparse_payload.pack(tf.gather(values, indices), indices)
 
     def compress(self, flat, seed):
-        n = sparse_payload.static_length(flat)
+        n = static_length(flat, self.name)
         k = self.k(n)
         payload = self._encode(as_float32(flat), tf.cast(seed, tf.int64), n, k)
         return payload, (n, k, flat.dtype)

@@ -45,8 +45,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def __init__(self, root_rank=0, process_set=None):
         super().__init__()
-        if not isinstance(root_rank, int) or root_rank < 0:
-            raise ValueError("root_rank must be a rank (an int >= 0), got %r" % (root_rank,))
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError("root_rank must be a rank (an int >= 0, not a bool), got %r"
+                             % (root_rank,))
         self.root_rank = root_rank
         self.process_set = process_set
         self.broadcast_done = False

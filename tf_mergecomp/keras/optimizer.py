@@ -227,7 +227,21 @@ def _install_compile_check():
     owner.compile = compile
 
 
+# Horovod's reduce functions for None and Horovod's compressions, which live as long as the
+# process: an eager call reuses its traced function. A MergeComp's function holds the
+# MergeComp, so it is made at each call (the MergeComp keeps its own traced function), and
+# a MergeComp its user drops can be collected.
 _reduce_functions = {}
+
+
+def _reduce_function(compression, op, process_set):
+    if isinstance(compression, MergeComp):
+        return make_reduce_fn(compression, op, process_set)
+    key = (id(compression), op, id(process_set))
+    entry = _reduce_functions.get(key)
+    if entry is None or entry[0] is not compression:
+        entry = _reduce_functions[key] = (compression, make_reduce_fn(compression, op, process_set))
+    return entry[1]
 
 
 def reduce_gradients(grads, variables=None, compression=None, op=None, process_set=None):
@@ -235,12 +249,10 @@ def reduce_gradients(grads, variables=None, compression=None, op=None, process_s
     ``compression`` (a MergeComp, or None for Horovod's plain allreduce); for
     custom loops. Returns the list of reduced gradients. Call it on every rank
     with the same gradient list, inside or outside a ``tf.function``."""
-    key = (id(compression), op, id(process_set))
-    entry = _reduce_functions.get(key)
-    if entry is None or entry[0] is not compression:
-        entry = _reduce_functions[key] = (compression, make_reduce_fn(compression, op, process_set))
     grads = list(grads)
-    if variables is not None and len(list(variables)) != len(grads):
-        raise ValueError("reduce_gradients got %d gradients and %d variables"
-                         % (len(grads), len(list(variables))))
-    return list(entry[1](grads, None))
+    if variables is not None:
+        variables = list(variables)
+        if len(variables) != len(grads):
+            raise ValueError("reduce_gradients got %d gradients and %d variables"
+                             % (len(grads), len(variables)))
+    return list(_reduce_function(compression, op, process_set)(grads, None))

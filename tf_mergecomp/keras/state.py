@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_mergecomp import rank_state
-from tf_mergecomp.mergecomp import MergeComp, find_mergecomp
+from tf_mergecomp.mergecomp import mergecomp_of
 
 try:
     from keras.src.saving.keras_saveable import KerasSaveable
@@ -77,34 +77,19 @@ class KerasMergeCompState(KerasSaveable):
         state.reconcile()
 
 
-def _mergecomp_of(owner):
-    found = find_mergecomp(owner)
-    if isinstance(found, MergeComp):
-        return found
-    raise TypeError("expected a MergeComp, or a Keras 3 optimizer or model compiled with "
-                    "tf_mergecomp.keras.DistributedOptimizer(..., compression=MergeComp(...)); "
-                    "got %r" % (owner,))
+_COMPILED_WITH = ("a Keras 3 optimizer or model compiled with "
+                  "tf_mergecomp.keras.DistributedOptimizer(..., compression=MergeComp(...))")
 
 
 def save_rank_state(owner, path):
     """Writes this rank's MergeComp state beside checkpoint ``path``
     (``<path>.mergecomp-rank<r>-of-<W>``); call it on every rank. ``owner``: a
     MergeComp, or the model or optimizer using it. Returns the file written."""
-    mc = _mergecomp_of(owner)
-    process_set = mc.rank_state.process_set_or_global()
-    return mc.rank_state.write(path, process_set.rank(), process_set.size())
+    return mergecomp_of(owner, _COMPILED_WITH).rank_state.save_beside(path)
 
 
 def restore_rank_state(owner, path):
     """Finds this rank's state beside checkpoint ``path``; call it on every rank,
     after loading the checkpoint. Returns the file found, or None (the state is
     then reset on every rank at the first step, with one warning)."""
-    mc = _mergecomp_of(owner)
-    process_set = mc.rank_state.process_set_or_global()
-    rank, world_size = process_set.rank(), process_set.size()
-    saved = rank_state.read(path, rank, world_size)
-    mc.rank_state.set_restored_file(saved, rank_state.rank_state_path(path, rank, world_size),
-                                    path)
-    if mc.num_tensors is not None:
-        mc.rank_state.reconcile(process_set)
-    return None if saved is None else saved.path
+    return mergecomp_of(owner, _COMPILED_WITH).rank_state.restore_from(path)

@@ -15,8 +15,7 @@ reference hands each group's slice of the state in and out as flat buffers:
 the group's length; ``sent`` is this worker's own payload, decoded.
 """
 
-import inspect
-
+from tf_mergecomp._validation import from_registry
 from tf_mergecomp.memory.base import Memory, NoMemory
 from tf_mergecomp.memory.dgc import DGCMemory
 from tf_mergecomp.memory.momentum import MomentumMemory
@@ -33,17 +32,15 @@ NAMES = tuple(_REGISTRY)
 
 
 def get(name, **params):
-    if isinstance(name, Memory):
-        return name
+    """Returns a new memory, or ``name`` itself when it is one; bad parameters
+    raise ValueError naming the valid ones."""
+    return from_registry("memory", name, params, Memory, _memory_class)
+
+
+def _memory_class(name):
     if name not in _REGISTRY:
         raise ValueError("unknown memory %r; valid choices: %s" % (name, ", ".join(NAMES)))
-    cls = _REGISTRY[name]
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError("memory %r got unknown parameter(s) %s; valid parameters: %s"
-                         % (name, ", ".join(unknown), ", ".join(accepted) or "none"))
-    return cls(**params)
+    return _REGISTRY[name]
 
 
 def for_compressor(compressor, memory, compressor_params):

@@ -35,9 +35,9 @@ import numbers
 import numpy as np
 
 from tf_mergecomp.search import step_model, summary
-from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio, short  # noqa: F401 (mean_log_ratio: imported from here too)
+from tf_mergecomp.search.summary import REFERENCE, mean_log_ratio, short
 from tf_mergecomp.search.candidates import best_assignment, best_layouts
-from tf_mergecomp.search.step_model import fill_ready  # noqa: F401 (imported from here too)
+from tf_mergecomp.search.step_model import fill_ready
 from tf_mergecomp.search.requests import PLAIN_HOROVOD, Probe, Profile, Time, Warm
 from tf_mergecomp._validation import check_int
 from tf_mergecomp.grouping import balanced_splits, check_fusion, fusion_splits, layerwise_splits

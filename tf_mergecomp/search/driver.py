@@ -34,8 +34,7 @@ from tf_mergecomp.search import restart as horovod_restart
 from tf_mergecomp.search.layout_functions import LayoutFunctions
 from tf_mergecomp.search.report import STEPS_ASIDE, SearchNoise, SearchReport, describe
 from tf_mergecomp.search import measure, store
-from tf_mergecomp.search.settings import (  # noqa: F401 (imported from here too)
-    MAX_TURN_FACTOR, check_settings, horovod_fusion, steps_per_turn)
+from tf_mergecomp.search.settings import check_settings, horovod_fusion
 from tf_mergecomp.search.store import PartitionStore
 from tf_mergecomp.levels import TWO_LEVEL
 
@@ -304,9 +303,13 @@ class PartitionSearchDriver:
                                        group_codecs=None if codecs is None else list(codecs))
 
     def codecs_of(self, layout):
-        if self.algorithm is not None and self.algorithm.codecs_of(layout) is not None:
-            return self.algorithm.codecs_of(layout)
-        return self.layout_codecs.get(layout)
+        codecs = self._searched_codecs_of(layout)
+        return self.layout_codecs.get(layout) if codecs is None else codecs
+
+    def _searched_codecs_of(self, layout):
+        """The search's codec per group of ``layout``, or None (no search, or every group
+        the compressor)."""
+        return None if self.algorithm is None else self.algorithm.codecs_of(layout)
 
     def describe_layout(self, layout):
         return describe(layout, self.codecs_of(layout))
@@ -350,7 +353,7 @@ class PartitionSearchDriver:
                   "groups": None if plain else len(layout) + 1, "plain_horovod": plain,
                   "group_codecs": None if codecs is None else list(codecs),
                   "role": _role_of(layout, self.compression.num_tensors),
-                  "predicted_s": self.algorithm.predictions.get(tuple(layout)),
+                  "predicted_s": None if plain else self.algorithm.predictions.get(tuple(layout)),
                   "rounds_s": [], "local_rounds_s": [], "collectives_per_step": None}
         self.history.append(record)
         return record
@@ -383,8 +386,9 @@ class PartitionSearchDriver:
 
     def _conclude(self, choice, save):
         choice = choice if isinstance(choice, str) else tuple(choice)
-        if self.algorithm is not None and self.algorithm.codecs_of(choice) is not None:
-            self.layout_codecs[choice] = self.algorithm.codecs_of(choice)
+        codecs = self._searched_codecs_of(choice)
+        if codecs is not None:
+            self.layout_codecs[choice] = codecs
         self._activate(choice)
         self.train_functions.keep_only(choice)
         self._phase = "done"

@@ -30,14 +30,21 @@ class KerasTrainFunctions:
             self.model.train_function = self.functions[layout]
             return False
         self.model.make_train_function(force=True)
+        self._drop(layout)
         self.functions[layout] = self.model.train_function
         return True
 
     def keep_only(self, layout):
         for other in [l for l in self.functions if l != layout]:
-            self._tracings += tracing_count(self.functions.pop(other))
+            self._drop(other)
+
+    def _drop(self, layout):
+        """Forgets ``layout``'s train function, keeping the count of its traces."""
+        if layout in self.functions:
+            self._tracings += tracing_count(self.functions.pop(layout))
 
     def tracings(self):
+        """Traces of every train function made, those dropped included."""
         return self._tracings + sum(tracing_count(f) for f in self.functions.values())
 
 

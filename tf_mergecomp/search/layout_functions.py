@@ -15,6 +15,7 @@ class LayoutFunctions:
         self.driver = driver
         self.registered = []  # [(python function, kwargs, {layout: tf.function})]
         self.active = None
+        self._tracings = 0  # of the functions dropped
 
     def register(self, python_step_fn, kwargs):
         functions = {}
@@ -35,7 +36,7 @@ class LayoutFunctions:
         self.active = layout
         if fresh:
             for _, _, functions in self.registered:
-                functions.pop(layout, None)
+                self._drop(functions, layout)
         # True when some registered step traces at its next call (a step not made
         # through ``function()`` is not re-traced: the collectives check then says so).
         return any(layout not in functions for _, _, functions in self.registered)
@@ -43,11 +44,17 @@ class LayoutFunctions:
     def keep_only(self, layout):
         for _, _, functions in self.registered:
             for other in [l for l in functions if l != layout]:
-                del functions[other]
+                self._drop(functions, other)
+
+    def _drop(self, functions, layout):
+        """Forgets ``layout``'s function, keeping the count of its traces."""
+        if layout in functions:
+            self._tracings += tracing_count(functions.pop(layout))
 
     def tracings(self):
-        return sum(tracing_count(f) for _, _, functions in self.registered
-                   for f in functions.values())
+        """Traces of every function made, those dropped included."""
+        return self._tracings + sum(tracing_count(f) for _, _, functions in self.registered
+                                    for f in functions.values())
 
 
 def tracing_count(function):

@@ -5,7 +5,6 @@ encode, collective and decode take alone (``ExchangeProbe``); docs/search.md, se
 
 import glob
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -17,7 +16,6 @@ STEP_MARKER = "mergecomp_profiled_step"
 # Ops behind a gradient followed when the op that outputs it does not appear
 # in the profile (reshapes and identities are too cheap to be traced).
 _PRODUCER_DEPTH = 4
-_GROUP_OP = re.compile(r"mergecomp_group(\d+)/MergecompGroup(Encode|Decode)$")
 
 
 class GradientOps:
@@ -47,11 +45,9 @@ class GradientOps:
 class ProfiledStep:
     """What the profiler saw of one training step; times in seconds from its start."""
 
-    def __init__(self, seconds, ready, encode, decode):
+    def __init__(self, seconds, ready):
         self.seconds = seconds
         self.ready = ready  # [N] floats, NaN where the gradient's op was not seen
-        self.encode = encode  # {group: (start, end)}
-        self.decode = decode  # {group: (start, end)}
 
 
 class StepProfiler:
@@ -141,18 +137,7 @@ class StepProfiler:
                     if found is not None:
                         break
                 ready.append(np.nan if found is None else (found - begin) * 1e-12)
-            parts = {"Encode": {}, "Decode": {}}
-            for name, spans in ops.items():
-                match = _GROUP_OP.search(name)
-                if match is None:
-                    continue
-                inside = [(s, e) for s, e in spans if begin <= s and e <= end]
-                if inside:
-                    s, e = inside[-1]
-                    parts[match.group(2)][int(match.group(1))] = ((s - begin) * 1e-12,
-                                                                  (e - begin) * 1e-12)
-            profiled.append(ProfiledStep((end - begin) * 1e-12, np.array(ready, dtype=np.float64),
-                                         parts["Encode"], parts["Decode"]))
+            profiled.append(ProfiledStep((end - begin) * 1e-12, np.array(ready, dtype=np.float64)))
         return profiled
 
 

@@ -10,6 +10,11 @@ allows; ``restart_horovod=False`` turns it off.
 import os
 
 from tf_mergecomp import rendezvous
+from tf_mergecomp.hierarchical import dynamic_process_sets, listed_process_sets
+
+# {id: ranks} of the process sets besides the global one, or None where Horovod does not
+# list them: a name of this module, so that tests can replace it here.
+_process_sets = listed_process_sets
 
 
 def restart_blocker(hvd=None, environ=None):
@@ -52,23 +57,6 @@ def restart_blocker(hvd=None, environ=None):
     return None
 
 
-def _process_sets():
-    """{id: ranks} of the process sets besides the global one, or None where Horovod
-    does not say (it lists them only privately: then assume they cannot be made again)."""
-    try:
-        from horovod.common import process_sets
-
-        listed = process_sets._basics._get_process_set_ids_and_ranks()
-    except Exception:  # noqa: BLE001 (any failure means: do not restart)
-        return None
-    return {int(i): sorted(int(r) for r in ranks) for i, ranks in listed.items() if int(i) != 0}
-
-
-def _dynamic_process_sets(environ=None):
-    environ = os.environ if environ is None else environ
-    return environ.get("HOROVOD_DYNAMIC_PROCESS_SETS", "0") not in ("", "0")
-
-
 def _init_with_process_sets(hvd, process_sets):
     """``hvd.init`` that makes ``process_sets`` ({id: ranks}, ids 1 to n) again under the
     same ids, so that every ProcessSet object held before (MergeComp's two-level reduce
@@ -77,7 +65,7 @@ def _init_with_process_sets(hvd, process_sets):
     from horovod.common.process_sets import ProcessSet
 
     ordered = [process_sets[i] for i in sorted(process_sets)]
-    if _dynamic_process_sets():
+    if dynamic_process_sets():
         hvd.init()
         for ranks in ordered:
             hvd.add_process_set(ranks)
