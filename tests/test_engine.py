@@ -40,8 +40,12 @@ def test_every_algorithm_trains_identically_on_two_ranks():
 
 
 @pytest.mark.multiworker
-def test_three_ranks():
-    results, _ = horovodrun.run("engine_algorithms.py", np=3, args=["signsgd,topk"], timeout=300)
+def test_three_ranks_on_machines_of_two_and_one():
+    # Machines of unequal rank counts, with dynamic process sets on: the default
+    # hierarchical=None stays flat (each step runs the flat collectives, all ranks alike).
+    results, _ = horovodrun.run("engine_algorithms.py", np=3, args=["signsgd,topk"], timeout=300,
+                                hosts="localhost:2,127.0.0.1:1",
+                                env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     _check_algorithm_results(results, 3)
 
 

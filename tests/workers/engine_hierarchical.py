@@ -9,7 +9,6 @@ weights, state sizes, a rank-state checkpoint round trip of the sharded state, t
 group turned plain and MergeComp stepping aside (the sharded state flushed).
 ``two_by_three`` (horovodrun -H a:3,b:3): signSGD's and SIGNUM's votes, counted per machine.
 ``registered``: one exact reduce with the process sets given to ``hvd.init``.
-``uneven`` (horovodrun -H a:2,b:1): the default stays flat.
 ``bitwise``: hierarchical=True against hierarchical=False, same steps (one rank per
 machine, or one machine: both must be the flat reduce, bit for bit), then rank 0 asking
 for two levels and the others not (refused on every rank).
@@ -127,49 +126,50 @@ def run_exact():
                checksum=float(sum(np.float64(o).sum() * (i + 1) for i, o in enumerate(out))))
 
 
-def run_votes():
+def run_votes(configs=("ops", "reference", "searched")):
     """signSGD and SIGNUM on two levels count every rank's vote (with 3 ranks per machine
     or more, as counts): the flat reduce's result bit for bit, step after step (SIGNUM's
-    momentum whole on each rank), through the fused ops, the plain-TF path and a search's
-    two-level groups, with a NaN of rank 3 at the second step or without."""
+    momentum whole on each rank), through ``configs``: the fused ops, the plain-TF path and
+    a search's two-level groups. Rank 3 holds a NaN at the second step of three."""
     by_machines = machine_votes()
     steps = 3
     for codec in ("signsgd", "signum"):
-        for nan in (False, True):
-            results, collectives, states = {}, {}, {}
-            for name, compressor, hierarchical_choice in (
-                    ("flat", codec, False), ("ops", codec, True),
-                    ("reference", reference.plain(compressors.get(codec)), True),
-                    ("searched", codec, None)):
-                mc = MergeComp(compressor, partitions=[2], hierarchical=hierarchical_choice)
-                if hierarchical_choice is None:
-                    mc.set_partition([2], group_codecs=[codec + "/two-level"] * 2)
-                reduce = mc.make_reduce_fn()
-                before = int(mc.collectives_executed.numpy())
-                results[name] = []
-                for step in range(steps):
-                    grads = gradients_of(hvd.rank(), step)
-                    if nan and step == 1 and hvd.rank() == 3:
-                        grads[1][2] = np.nan
-                    results[name].append([o.numpy() for o in reduce([tf.constant(g)
-                                                                      for g in grads])])
-                collectives[name] = int(mc.collectives_executed.numpy()) - before
-                states[name] = [v.numpy() for v in
-                                (mc.existing_state_variables() or [])[:mc.num_tensors]]
-            report(codec=codec + ("_votes_nan" if nan else "_votes"), collectives=collectives,
-                   nan_tensors=[[bool(np.all(np.isnan(o))) for o in outputs]
-                                for outputs in results["flat"]],
-                   matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
-                                           for step in range(steps)
-                                           for a, b in zip(results["flat"][step],
-                                                           results[name][step]))
-                                 for name in ("ops", "reference", "searched")},
-                   state_matches_flat={name: len(states[name]) == len(states["flat"]) and all(
-                       np.array_equal(a, b) for a, b in zip(states["flat"], states[name]))
-                       for name in ("ops", "reference", "searched")},
-                   state_nonzero=float(sum(np.abs(v).sum() for v in states["flat"])),
-                   differs_from_machine_votes=not all(
-                       np.array_equal(a, b) for a, b in zip(results["flat"][0], by_machines)))
+        results, collectives, states = {}, {}, {}
+        for name, compressor, hierarchical_choice in (
+                ("flat", codec, False), ("ops", codec, True),
+                ("reference", reference.plain(compressors.get(codec)), True),
+                ("searched", codec, None)):
+            if name != "flat" and name not in configs:
+                continue
+            mc = MergeComp(compressor, partitions=[2], hierarchical=hierarchical_choice)
+            if hierarchical_choice is None:
+                mc.set_partition([2], group_codecs=[codec + "/two-level"] * 2)
+            reduce = mc.make_reduce_fn()
+            before = int(mc.collectives_executed.numpy())
+            results[name] = []
+            for step in range(steps):
+                grads = gradients_of(hvd.rank(), step)
+                if step == 1 and hvd.rank() == 3:
+                    grads[1][2] = np.nan
+                results[name].append([o.numpy() for o in reduce([tf.constant(g)
+                                                                  for g in grads])])
+            collectives[name] = int(mc.collectives_executed.numpy()) - before
+            states[name] = [v.numpy() for v in
+                            (mc.existing_state_variables() or [])[:mc.num_tensors]]
+        report(codec=codec + "_votes", collectives=collectives,
+               nan_tensors=[[bool(np.all(np.isnan(o))) for o in outputs]
+                            for outputs in results["flat"]],
+               matches_flat={name: all(np.array_equal(a, b, equal_nan=True)
+                                       for step in range(steps)
+                                       for a, b in zip(results["flat"][step],
+                                                       results[name][step]))
+                             for name in configs},
+               state_matches_flat={name: len(states[name]) == len(states["flat"]) and all(
+                   np.array_equal(a, b) for a, b in zip(states["flat"], states[name]))
+                   for name in configs},
+               state_nonzero=float(sum(np.abs(v).sum() for v in states["flat"])),
+               differs_from_machine_votes=not all(
+                   np.array_equal(a, b) for a, b in zip(results["flat"][0], by_machines)))
 
 
 def train(mc, steps, model=None, optimizer=None):
@@ -319,23 +319,10 @@ def run_registered():
            max_error=max(float(np.max(np.abs(o - e))) for o, e in zip(out, expected)))
 
 
-def run_uneven():
-    """Machines of 2 ranks and 1 (horovodrun -H a:2,b:1), dynamic process sets on: the
-    default hierarchical=None stays flat, with no two-level choices for a search, bit for
-    bit hierarchical=False."""
-    default, flat = MergeComp("efsignsgd"), MergeComp("efsignsgd", hierarchical=False)
-    out, expected = reduce_once(default), reduce_once(flat)
-    report(codec="uneven", two_level=default.two_level,
-           choices=list(default.two_level_codec_choices),
-           identical=all(np.array_equal(o, e) for o, e in zip(out, expected)))
-
-
 if mode == "registered":
     run_registered()
-elif mode == "uneven":
-    run_uneven()
 elif mode == "two_by_three":
-    run_votes()
+    run_votes(configs=("ops", "searched"))  # the plain-TF path: the thread tests' (2, 3)
 elif mode == "two_by_two":
     run_exact()
     run_train()
