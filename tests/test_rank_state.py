@@ -20,7 +20,8 @@ def _one_warning(results, ranks):
 
 @pytest.mark.multiworker
 def test_rank0_checkpoint_resets_state_or_resumes_exactly(tmp_path):
-    compressors = ("efsignsgd", "dgc")
+    # DGC: a memory of two buffers (momentum, accumulation); the files do not depend on it.
+    compressors = ("dgc",)
     results, _ = horovodrun.run("checkpoint_rank0.py", np=2, args=[tmp_path, ",".join(compressors)],
                                 timeout=300)
     for compressor in compressors:
