@@ -7,7 +7,7 @@ tf_mergecomp/callback.py (Keras 2) and tf_mergecomp/keras/callbacks.py
 """
 
 from tf_mergecomp.search.driver import PartitionSearchDriver
-from tf_mergecomp.search.layout_functions import tracing_count
+from tf_mergecomp.search.layout_functions import pop_traced, tracing_count
 from tf_mergecomp.search.report import SearchNoise
 
 
@@ -20,7 +20,7 @@ class KerasTrainFunctions:
         self.model = model
         self.driver = driver
         self.functions = {}
-        self._tracings = 0
+        self._tracings = 0  # of the train functions dropped
 
     def use(self, layout, fresh=False):
         """Makes ``model`` train with ``layout`` from its next step; True when
@@ -30,18 +30,13 @@ class KerasTrainFunctions:
             self.model.train_function = self.functions[layout]
             return False
         self.model.make_train_function(force=True)
-        self._drop(layout)
+        self._tracings += pop_traced(self.functions, layout)
         self.functions[layout] = self.model.train_function
         return True
 
     def keep_only(self, layout):
         for other in [l for l in self.functions if l != layout]:
-            self._drop(other)
-
-    def _drop(self, layout):
-        """Forgets ``layout``'s train function, keeping the count of its traces."""
-        if layout in self.functions:
-            self._tracings += tracing_count(self.functions.pop(layout))
+            self._tracings += pop_traced(self.functions, other)
 
     def tracings(self):
         """Traces of every train function made, those dropped included."""

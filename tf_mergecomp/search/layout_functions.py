@@ -36,7 +36,7 @@ class LayoutFunctions:
         self.active = layout
         if fresh:
             for _, _, functions in self.registered:
-                self._drop(functions, layout)
+                self._tracings += pop_traced(functions, layout)
         # True when some registered step traces at its next call (a step not made
         # through ``function()`` is not re-traced: the collectives check then says so).
         return any(layout not in functions for _, _, functions in self.registered)
@@ -44,17 +44,19 @@ class LayoutFunctions:
     def keep_only(self, layout):
         for _, _, functions in self.registered:
             for other in [l for l in functions if l != layout]:
-                self._drop(functions, other)
-
-    def _drop(self, functions, layout):
-        """Forgets ``layout``'s function, keeping the count of its traces."""
-        if layout in functions:
-            self._tracings += tracing_count(functions.pop(layout))
+                self._tracings += pop_traced(functions, other)
 
     def tracings(self):
         """Traces of every function made, those dropped included."""
         return self._tracings + sum(tracing_count(f) for _, _, functions in self.registered
                                     for f in functions.values())
+
+
+def pop_traced(functions, layout):
+    """Removes ``layout``'s function from ``functions`` ({layout: function}); returns the
+    traces it made (0 when there was none), for the caller's count of dropped traces."""
+    function = functions.pop(layout, None)
+    return 0 if function is None else tracing_count(function)
 
 
 def tracing_count(function):
